@@ -1,0 +1,38 @@
+// The one contract between a kernel step and the rest of the course.
+//
+// Every step file implements `mla_launch` with exactly this signature. The torch binding
+// (mla_lab/csrc/binding.cpp) checks the tensors, allocates the output and passes raw pointers
+// here, so a step file needs no torch headers: it compiles in about a second, and a broken
+// exercise breaks only itself.
+#pragma once
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+typedef enum { MLA_FLOAT32 = 0, MLA_BFLOAT16 = 1 } MlaDtype;
+
+// All tensors are dense and row-major; `out` holds (tokens, 2, heads, head_dim), which is the
+// contiguous (B, S, 2, H, hd) result with B and S folded into tokens. Index 0 of the "2" axis is k.
+typedef struct {
+  const void* hidden;  // (tokens, d_model)
+  const void* w_down;  // (d_model, rank)
+  const void* w_up_k;  // (rank, heads * head_dim)
+  const void* w_up_v;  // (rank, heads * head_dim)
+  void* out;           // (tokens, 2, heads * head_dim)
+  int64_t tokens;
+  int64_t d_model;
+  int64_t rank;
+  int64_t heads;
+  int64_t head_dim;
+  MlaDtype dtype;
+} MlaProblem;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// Enqueues the projection on `stream` and returns the launch's error code (cudaSuccess if none).
+// Called only with tokens >= 1 and every size >= 1.
+cudaError_t mla_launch(const MlaProblem* problem, cudaStream_t stream);
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,213 @@
+"""Building the binding and the kernel steps with torch.utils.cpp_extension and ninja.
+
+Two kinds of library, each built by `torch.utils.cpp_extension.load` into a per-user cache keyed
+by torch and CUDA version:
+  * the binding (mla_lab/csrc/binding.cpp), a torch operator `torch.ops.mla_lab.project`, built
+    once: torch's headers make it the slow part (about 20 s on two cores);
+  * one plain-CUDA library per step (a .cu from kernels/, solutions/ or exercises/), about 5 s,
+    rebuilt whenever its source changes, even inside a running notebook: the changed source gets a
+    new library name, so no kernel restart is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BINDING_SOURCE = PACKAGE_DIR / "csrc" / "binding.cpp"
+INCLUDE_DIR = PACKAGE_DIR.parent / "kernels"
+CACHE_ENV = "MLA_LAB_CACHE"
+# Architectures compiled for when no GPU is visible (CI, laptops): Ampere and Hopper.
+DEFAULT_ARCHS = "8.0;9.0"
+STEP_CUDA_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
+
+
+class SetupProblem(RuntimeError):
+    """Something outside the course code is missing (GPU, nvcc, a CUDA build of torch)."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a stack
+        return [f"{type(self).__name__}: {self}"]
+
+
+class BuildError(RuntimeError):
+    """The compiler rejected a source file; `compiler_output` is what it said."""
+
+    def __init__(self, source: Path, compiler_output: str) -> None:
+        self.source = source
+        self.compiler_output = compiler_output
+        super().__init__(f"{source.name} did not compile:\n{compiler_output}")
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+def toolchain_problem() -> str | None:
+    """Why kernels cannot be built here, in one line, or None if they can."""
+    if torch.version.cuda is None:
+        return (
+            f"this torch ({torch.__version__}) is a CPU build and cannot build CUDA kernels; "
+            "install a CUDA build of torch (see README, Setup)"
+        )
+    if _cuda_home() is None:
+        return (
+            "nvcc was not found: install the CUDA toolkit (conda: the cuda-nvcc package in "
+            "environment.yml) or set CUDA_HOME to its folder"
+        )
+    if shutil.which("ninja") is None and not _ninja_in_python():
+        return "ninja was not found: pip install ninja"
+    return None
+
+
+def gpu_problem() -> str | None:
+    """Why kernels cannot run here, in one line, or None if they can."""
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return "no CUDA GPU is visible to torch: GPU cells and tests are skipped here"
+    return None
+
+
+def require_gpu() -> None:
+    problem = gpu_problem() or toolchain_problem()
+    if problem:
+        raise SetupProblem(problem)
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "mla_lab")).expanduser()
+    return root / f"torch-{torch.__version__}-cuda-{torch.version.cuda}"
+
+
+@functools.cache
+def binding():
+    """`torch.ops.mla_lab.project`, building the binding the first time it is needed."""
+    _load("mla_lab_binding", BINDING_SOURCE, with_cuda=True)
+    return torch.ops.mla_lab.project
+
+
+def build_step(source: Path, name: str) -> Path:
+    """Compile one step's .cu into its own library and return the library's path."""
+    return Path(_load(name, source, extra_cuda_cflags=STEP_CUDA_FLAGS))
+
+
+def _cuda_home() -> str | None:
+    return _cpp_extension().CUDA_HOME
+
+
+def _ninja_in_python() -> bool:
+    return _cpp_extension().is_ninja_available()
+
+
+@functools.cache
+def _cpp_extension():
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+        found = _find_cuda_home()
+        if found:
+            os.environ["CUDA_HOME"] = found
+    # Importing it without a GPU logs "No CUDA runtime is found"; toolchain_problem says what matters.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    import torch.utils.cpp_extension
+
+    return torch.utils.cpp_extension
+
+
+def _find_cuda_home() -> str | None:
+    """The CUDA toolkit folder: the one holding include/cuda_runtime.h next to the nvcc in use.
+
+    torch guesses the folder above the first `nvcc` on PATH, which is wrong where that nvcc is a
+    wrapper script or a symlink (/usr/local/bin/nvcc): linking then fails on -lcudart.
+    """
+    nvcc = shutil.which("nvcc")
+    candidates = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    candidates += [Path("/usr/local/cuda")]
+    for folder in candidates:
+        if (folder / "include" / "cuda_runtime.h").exists():
+            return str(folder)
+    return None
+
+
+def _target_archs() -> str:
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"{major}.{minor}"
+    return DEFAULT_ARCHS
+
+
+def _load(name: str, source: Path, **options) -> str:
+    problem = toolchain_problem()
+    if problem:
+        raise SetupProblem(problem)
+    build_dir = cache_dir() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(build_dir), _arch_list(_target_archs()):
+        try:
+            return _cpp_extension().load(
+                name=name,
+                sources=[str(source)],
+                extra_include_paths=[str(INCLUDE_DIR)],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+                **options,
+            )
+        except RuntimeError as error:
+            if "Error building extension" not in str(error):
+                raise
+            raise BuildError(source, compiler_lines(str(error))) from None
+
+
+@contextlib.contextmanager
+def _exclusive(build_dir: Path):
+    """Serialize builds of one library across processes, and clear locks left by dead builds.
+
+    torch <= 2.13 guards a build directory with a plain `lock` file and waits, forever, for it to
+    vanish, so a build killed midway (a restarted notebook kernel) hangs every later one. Every
+    mla_lab build first takes this flock, which the OS releases when its holder dies; while we
+    hold it, such a `lock` file can only be a leftover and is safe to delete. (torch >= 2.14 holds
+    an OS-level lock on that file instead: the file stays and means nothing.)
+    """
+    with open(build_dir / ".mla_lab.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists() and not hasattr(_cpp_extension(), "FileLock"):
+            logging.getLogger(__name__).warning("removed a stale build lock: %s", stale)
+            stale.unlink()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _arch_list(archs: str):
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TORCH_CUDA_ARCH_LIST"]
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+_NINJA_NOISE = re.compile(r"^(\[\d+/\d+\] |FAILED: |ninja: |Error building extension)")
+
+
+def compiler_lines(ninja_output: str) -> str:
+    """The compiler's own diagnostics from a failed ninja build, without ninja's command lines."""
+    kept = [
+        line
+        for line in ninja_output.splitlines()
+        if not _NINJA_NOISE.match(line) and not (" -c " in line and " -o " in line)
+    ]
+    return "\n".join(kept).strip() or ninja_output.strip()

@@ -1,0 +1,198 @@
+"""The correctness harness: every kernel against a float64 oracle, on fresh inputs, with poison.
+
+Protocol: for each shape and dtype, draw fresh random inputs per trial, fill the output with NaN,
+run the kernel into it, and compare with the float64 reference by relative Frobenius error
+||out - ref|| / ||ref||. NaN or Inf never pass (a NaN left over means an element was not written).
+When a check fails, `diagnose` names the likely mistake: k and v swapped, heads laid out per head,
+zeros, or the first wrong element.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from .problem import V2_LITE, V3, Inputs, Shape, make_inputs, oracle
+
+# Relative Frobenius error allowed against float64, by input dtype. fp32 accumulation over
+# d_model = 7168 terms stays near 4e-6; bf16 inputs and outputs round at about 4e-3.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+# Beyond the toy: one token, odd and prime sizes, rank 1, head_dim 1, H = 1, d_model = 1,
+# thousands of tokens, sizes that are no multiple of a tile or of 4, and the real model widths.
+SHAPE_MATRIX: tuple[Shape, ...] = (
+    Shape(4, 96, 256, 48, 4, 32),  # the toy
+    Shape(1, 1, 256, 48, 4, 32),  # a single token
+    Shape(1, 3, 257, 33, 1, 7),  # odd everything, one head
+    Shape(2, 5, 129, 1, 2, 3),  # rank 1
+    Shape(1, 7, 64, 17, 3, 1),  # head_dim 1
+    Shape(1, 17, 1, 5, 2, 4),  # d_model 1
+    Shape(3, 37, 300, 50, 5, 13),
+    Shape(1, 129, 512, 96, 6, 24),
+    Shape(1, 1000, 96, 24, 2, 16),
+    Shape(2, 1537, 128, 64, 8, 16),  # 3074 tokens
+    Shape(1, 4096, 256, 48, 4, 32),  # toy widths, many tokens
+    Shape(1, 300, 520, 132, 7, 19),
+    V2_LITE.with_tokens(1, 8),
+    V3.with_tokens(1, 2),
+)
+
+# Small, odd shapes for slow checkers (compute-sanitizer): one token, odd sizes, rank 1, hd 1, D 1.
+QUICK_SHAPES = SHAPE_MATRIX[1:7]
+
+
+@dataclass
+class Verdict:
+    shape: Shape
+    dtype: torch.dtype
+    rel_error: float
+    max_abs_error: float
+    problem: str = ""  # empty when correct
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem
+
+    def __str__(self) -> str:
+        where = f"{self.shape.label()} {dtype_name(self.dtype)}"
+        if self.ok:
+            return f"ok    {where}: rel. error {self.rel_error:.1e}"
+        return f"WRONG {where}: {self.problem}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def compare(out: object, expected: torch.Tensor, dtype: torch.dtype, shape: Shape) -> Verdict:
+    """Judge one output against the float64 reference."""
+
+    def wrong(problem: str, rel: float = float("inf"), max_abs: float = float("inf")) -> Verdict:
+        return Verdict(shape, dtype, rel, max_abs, problem)
+
+    if not isinstance(out, torch.Tensor):
+        return wrong(f"returned {type(out).__name__}, not a tensor")
+    if tuple(out.shape) != shape.out_shape:
+        return wrong(f"output shape {tuple(out.shape)}, expected (B, S, 2, H, hd) = {shape.out_shape}")
+    if out.dtype != dtype:
+        return wrong(f"output dtype {dtype_name(out.dtype)}, but the inputs are {dtype_name(dtype)}")
+    if out.device != expected.device:
+        return wrong(f"output on {out.device}, but the inputs are on {expected.device}")
+    got = out.to(torch.float64)
+    finite = torch.isfinite(got)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        first = _index(shape, int((~finite).flatten().nonzero()[0]))
+        return wrong(
+            f"{bad} of {got.numel()} elements are NaN or Inf, first at out{first}: elements left "
+            "unwritten (the output was NaN-poisoned) or an overflow"
+        )
+    diff = got - expected
+    rel = float(diff.norm() / expected.norm().clamp_min(1e-300))
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    if rel <= TOLERANCE[dtype]:
+        return Verdict(shape, dtype, rel, max_abs)
+    return wrong(diagnose(got, expected, shape, TOLERANCE[dtype]), rel, max_abs)
+
+
+def diagnose(got: torch.Tensor, expected: torch.Tensor, shape: Shape, tolerance: float) -> str:
+    """Name the mistake behind a wrong (but finite) output."""
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return float((a - b).norm() / b.norm().clamp_min(1e-300)) <= tolerance
+
+    rel = float((got - expected).norm() / expected.norm().clamp_min(1e-300))
+    if not bool(got.any()):
+        return "the output is all zeros"
+    if shape.heads > 1 or shape.head_dim > 1:
+        if close(got.flip(2), expected):
+            return "k and v are swapped: out[:, :, 0] must be k and out[:, :, 1] must be v"
+        per_head = got.reshape(shape.batch, shape.seq, shape.heads, 2, shape.head_dim).transpose(2, 3)
+        if shape.heads > 1 and close(per_head, expected):
+            return "heads laid out as (B, S, H, 2, hd); the stacked output is (B, S, 2, H, hd)"
+    k_ok = close(got[:, :, 0], expected[:, :, 0])
+    v_ok = close(got[:, :, 1], expected[:, :, 1])
+    if k_ok != v_ok:
+        return f"{'k' if k_ok else 'v'} is right but {'v' if k_ok else 'k'} is wrong (rel. error {rel:.1e})"
+    flat_got, flat_expected = got.flatten(), expected.flatten()
+    error = (flat_got - flat_expected).abs()
+    first = int((error >= 0.5 * error.max()).nonzero()[0])  # the first of the worst elements
+    return (
+        f"rel. error {rel:.1e} > {tolerance:.0e}; first wrong element out{_index(shape, first)}: "
+        f"got {float(flat_got[first]):.6g}, expected {float(flat_expected[first]):.6g}"
+    )
+
+
+def _index(shape: Shape, flat: int) -> list[int]:
+    index = []
+    for size in reversed(shape.out_shape):
+        index.append(flat % size)
+        flat //= size
+    return index[::-1]
+
+
+def accepts_out(fn: Callable) -> bool:
+    """Course kernels write into a given `out`; arbitrary callables (the reference) allocate."""
+    return getattr(fn, "writes_into_out", False)
+
+
+def run_poisoned(fn: Callable, inputs: Inputs, heads: int, shape: Shape, trial: int = 0) -> object:
+    """Call fn so that any element it fails to write is NaN.
+
+    A course kernel writes into a NaN-filled `out` on even trials and allocates its own output on
+    odd ones. For the allocating path, a NaN-filled block of the right size is freed just before
+    the call, so an `empty` left unfilled most likely hands back NaNs, not an earlier result.
+    """
+    poisoned = torch.full(
+        shape.out_shape, float("nan"), dtype=inputs.hidden.dtype, device=inputs.hidden.device
+    )
+    if accepts_out(fn) and trial % 2 == 0:
+        return fn(*inputs, heads, out=poisoned)
+    del poisoned
+    return fn(*inputs, heads)
+
+
+def check(
+    fn: Callable,
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    trials: int = 2,
+    seed: int | None = None,
+) -> Verdict:
+    """Check fn on `trials` fresh random inputs of one shape; the worst trial is the verdict."""
+    base = _fresh_seed() if seed is None else seed
+    worst: Verdict | None = None
+    for trial in range(trials):
+        inputs = make_inputs(shape, dtype, device, seed=base + trial)
+        out = run_poisoned(fn, inputs, shape.heads, shape, trial)
+        verdict = compare(out, oracle(inputs, shape.heads), dtype, shape)
+        if not verdict.ok:
+            verdict.problem += f" (inputs: make_inputs(shape, {dtype}, seed={base + trial}))"
+            return verdict
+        if worst is None or verdict.rel_error > worst.rel_error:
+            worst = verdict
+    return worst
+
+
+def check_matrix(
+    fn: Callable,
+    device: str | torch.device,
+    shapes: Iterable[Shape] = SHAPE_MATRIX,
+    dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
+    trials: int = 2,
+    seed: int | None = None,
+) -> list[Verdict]:
+    base = _fresh_seed() if seed is None else seed
+    return [
+        check(fn, shape, dtype, device, trials, seed=base + 1000 * i)
+        for i, (shape, dtype) in enumerate((s, d) for s in shapes for d in dtypes)
+    ]
+
+
+def _fresh_seed() -> int:
+    """A new seed per run, so no kernel can be tuned to one fixed set of inputs."""
+    return int.from_bytes(os.urandom(4), "little")

@@ -1,0 +1,103 @@
+// The one torch binding, shared by every kernel step.
+//
+// It does everything a step must not repeat: checks the tensors (device, dtype, rank, sizes,
+// contiguity), allocates the stacked (B, S, 2, H, hd) output with `empty` (every element is the
+// kernel's to write), picks the inputs' GPU and torch's current stream (so CUDA-graph capture and
+// user streams work), calls the step's `mla_launch` and turns its error code into an exception.
+// Steps are plain CUDA libraries; mla_lab/build.py passes the address of their `mla_launch`.
+// Compiled once per torch version: torch's headers dominate its build time, and no step needs them.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "mla_launch.h"
+
+namespace {
+
+using Launcher = cudaError_t (*)(const MlaProblem*, cudaStream_t);
+
+std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes()); }
+
+void check_matrix_like(const std::string& step, const char* name, const at::Tensor& t,
+                       const at::Tensor& hidden) {
+  TORCH_CHECK(t.device() == hidden.device(), step, ": ", name, " is on ", t.device(),
+              " but hidden is on ", hidden.device(), "; put all inputs on one GPU");
+  TORCH_CHECK_TYPE(t.scalar_type() == hidden.scalar_type(), step, ": ", name, " is ",
+                   t.scalar_type(), " but hidden is ", hidden.scalar_type(),
+                   "; convert all inputs to one dtype");
+  TORCH_CHECK_VALUE(t.dim() == 2, step, ": ", name, " must be a matrix, got shape ",
+                    shape_of(t));
+  TORCH_CHECK_VALUE(t.is_contiguous(), step, ": ", name,
+                    " is not contiguous (a transpose or a strided slice?); pass ", name,
+                    ".contiguous()");
+}
+
+at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor& hidden,
+                   const at::Tensor& w_down, const at::Tensor& w_up_k, const at::Tensor& w_up_v,
+                   int64_t heads, const std::optional<at::Tensor>& out) {
+  TORCH_CHECK(hidden.is_cuda(), step, ": hidden is on ", hidden.device(),
+              "; these kernels run on a CUDA GPU: move the inputs there with .cuda()");
+  const auto dtype = hidden.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16, step, ": hidden is ", dtype,
+                   "; supported dtypes are float32 and bfloat16 (use .float() or .bfloat16())");
+  TORCH_CHECK_VALUE(hidden.dim() == 3, step, ": hidden must be (batch, seq, d_model), got shape ",
+                    shape_of(hidden));
+  TORCH_CHECK_VALUE(hidden.is_contiguous(), step,
+                    ": hidden is not contiguous; pass hidden.contiguous()");
+  check_matrix_like(step, "w_down", w_down, hidden);
+  check_matrix_like(step, "w_up_k", w_up_k, hidden);
+  check_matrix_like(step, "w_up_v", w_up_v, hidden);
+
+  const int64_t batch = hidden.size(0), seq = hidden.size(1), d_model = hidden.size(2);
+  const int64_t rank = w_down.size(1), width = w_up_k.size(1);
+  TORCH_CHECK_VALUE(d_model >= 1 && rank >= 1 && width >= 1, step,
+                    ": d_model, rank and the up-projection width must be >= 1, got hidden ",
+                    shape_of(hidden), ", w_down ", shape_of(w_down), ", w_up_k ",
+                    shape_of(w_up_k));
+  TORCH_CHECK_VALUE(w_down.size(0) == d_model, step, ": w_down is ", shape_of(w_down),
+                    " but hidden has d_model=", d_model, "; w_down must be (d_model, rank)");
+  TORCH_CHECK_VALUE(w_up_k.size(0) == rank, step, ": w_up_k is ", shape_of(w_up_k),
+                    " but w_down has rank=", rank, "; w_up_k must be (rank, heads*head_dim)");
+  TORCH_CHECK_VALUE(w_up_v.sizes() == w_up_k.sizes(), step, ": w_up_v is ", shape_of(w_up_v),
+                    " but w_up_k is ", shape_of(w_up_k), "; they must have the same shape");
+  TORCH_CHECK_VALUE(heads >= 1, step, ": heads must be >= 1, got ", heads);
+  TORCH_CHECK_VALUE(width % heads == 0, step, ": heads=", heads,
+                    " does not divide the up-projection width ", width,
+                    "; the width must be heads*head_dim");
+  const int64_t head_dim = width / heads;
+
+  const std::vector<int64_t> out_shape{batch, seq, 2, heads, head_dim};
+  at::Tensor result;
+  if (out.has_value()) {
+    result = *out;
+    TORCH_CHECK_VALUE(result.sizes() == c10::IntArrayRef(out_shape), step, ": out is ",
+                      shape_of(result), " but must be ", c10::IntArrayRef(out_shape));
+    check_matrix_like(step, "out", result.view({-1, 2 * width}), hidden);
+  } else {
+    result = at::empty(out_shape, hidden.options());
+  }
+  if (batch * seq == 0) return result;
+
+  const c10::cuda::CUDAGuard device_guard(hidden.device());
+  const MlaProblem problem{hidden.data_ptr(), w_down.data_ptr(), w_up_k.data_ptr(),
+                           w_up_v.data_ptr(), result.data_ptr(), batch * seq, d_model, rank,
+                           heads, head_dim, dtype == at::kFloat ? MLA_FLOAT32 : MLA_BFLOAT16};
+  const auto launch = reinterpret_cast<Launcher>(launcher_address);
+  const cudaError_t err = launch(&problem, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, step, ": kernel launch failed: ", cudaGetErrorString(err));
+  return result;
+}
+
+}  // namespace
+
+// Registered as a torch operator (not a pybind module): torch/library.h parses in about a third
+// of the time torch/extension.h takes, which keeps a cold build of the course near 25 s.
+TORCH_LIBRARY(mla_lab, m) {
+  m.def(
+      "project(int launcher_address, str step, Tensor hidden, Tensor w_down, Tensor w_up_k, "
+      "Tensor w_up_v, int heads, Tensor? out=None) -> Tensor",
+      &project);
+}

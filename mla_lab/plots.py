@@ -1,0 +1,45 @@
+"""Figures for the notebooks, drawn from measured or computed data only."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+from . import layout
+from .bench import Timing
+from .problem import Shape
+
+
+def address_map(shape: Shape, tokens: int = 3):
+    """Who owns each address of the stacked output: k and v of every head, token by token."""
+    codes = layout.address_map(shape, tokens)
+    fig, ax = plt.subplots(figsize=(10, 0.6 + 0.45 * tokens))
+    cmap = plt.get_cmap("tab20", 2 * shape.heads)
+    ax.imshow(codes, aspect="auto", cmap=cmap, interpolation="nearest")
+    for kv, name in enumerate("kv"):
+        for h in range(shape.heads):
+            column = layout.row_column(shape, kv, h, shape.head_dim // 2)
+            ax.text(column, 0, f"{name}{h}", ha="center", va="center", fontsize=8)
+    ax.set_xlabel(f"element offset within a token's row (row length 2*H*hd = {2 * shape.width})")
+    ax.set_ylabel("token")
+    ax.set_yticks(range(tokens))
+    ax.set_title(f"(B, S, 2, H, hd) in memory: each token is one contiguous row [k heads | v heads], {shape.label()}")
+    fig.tight_layout()
+    return fig
+
+
+def time_per_step(timings: list[Timing], title: str):
+    """Horizontal bars of median time, with the 10th-90th percentile as error bars."""
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(timings)))
+    names = [t.name for t in timings]
+    medians = torch.tensor([t.median_us for t in timings])
+    spread = torch.tensor([[t.median_us - t.low_us for t in timings], [t.high_us - t.median_us for t in timings]])
+    ax.barh(names, medians, xerr=spread, color="tab:blue")
+    for y, t in enumerate(timings):
+        ax.text(t.median_us, y, f" {t.median_us:.1f} us", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("median time per call, us (log scale)")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

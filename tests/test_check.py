@@ -1,0 +1,105 @@
+"""The harness must pass the reference and catch every planted fault, each with its reason."""
+
+import pytest
+import torch
+
+from mla_lab import check
+from mla_lab.problem import Shape, reference
+
+SHAPE = Shape(2, 5, 33, 7, 3, 5)
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+class Planted:
+    """A fake kernel: the reference, with one fault, writing into the harness's poisoned output."""
+
+    writes_into_out = True
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    def __call__(self, hidden, w_down, w_up_k, w_up_v, heads, out=None):
+        result = self.fault(reference(hidden, w_down, w_up_k, w_up_v, heads), heads)
+        if out is None or result.dtype != out.dtype or result.shape != out.shape:
+            return result
+        out.copy_(result)
+        return out
+
+
+def leave_one_unwritten(out, heads):
+    out = out.clone()
+    out[1, 4, 1, 2, 4] = float("nan")  # what a poisoned output looks like when one element is skipped
+    return out
+
+
+def per_head_layout(out, heads):
+    b, s, _, h, hd = out.shape
+    return out.transpose(2, 3).reshape(b, s, 2, h, hd)
+
+
+FAULTS = {
+    "unwritten element": (leave_one_unwritten, "NaN or Inf, first at out[1, 4, 1, 2, 4]"),
+    "a NaN": (lambda out, h: out * float("nan"), "NaN or Inf"),
+    "k and v swapped": (lambda out, h: out.flip(2), "k and v are swapped"),
+    "wrong head layout": (per_head_layout, "heads laid out as (B, S, H, 2, hd)"),
+    "output of the wrong dtype": (lambda out, h: out.double(), "output dtype float64"),
+    "zeros": (lambda out, h: torch.zeros_like(out), "all zeros"),
+    "v wrong": (lambda out, h: torch.stack([out[:, :, 0], out[:, :, 1] * 1.1], 2), "k is right but v is wrong"),
+    "wrong shape": (lambda out, h: out.reshape(out.shape[0], out.shape[1], -1), "output shape"),
+    "off by a little": (lambda out, h: out + 0.05 * out.abs().max(), "first wrong element"),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_passes(dtype):
+    verdict = check.check(reference, SHAPE, dtype, "cpu")
+    assert verdict.ok, verdict
+    assert verdict.rel_error < check.TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_planted_fault_is_caught_with_its_reason(fault, dtype):
+    plant, reason = FAULTS[fault]
+    verdict = check.check(Planted(plant), SHAPE, dtype, "cpu")
+    assert not verdict.ok, f"{fault} passed the harness"
+    assert reason in verdict.problem, verdict.problem
+
+
+def test_an_allocating_kernel_that_never_writes_is_caught():
+    def forgets_to_write(hidden, w_down, w_up_k, w_up_v, heads):
+        return torch.empty(SHAPE.out_shape).fill_(float("nan"))
+
+    assert not check.check(forgets_to_write, SHAPE, torch.float32, "cpu").ok
+
+
+def test_inputs_are_fresh_per_trial_and_per_run():
+    seen = []
+
+    def records_inputs(hidden, w_down, w_up_k, w_up_v, heads):
+        seen.append(hidden.clone())
+        return reference(hidden, w_down, w_up_k, w_up_v, heads)
+
+    check.check(records_inputs, SHAPE, torch.float32, "cpu", trials=2)
+    check.check(records_inputs, SHAPE, torch.float32, "cpu", trials=1)
+    assert len(seen) == 3
+    assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[0], seen[2])
+
+
+def test_a_kernel_that_only_knows_one_input_fails():
+    remembered = {}
+
+    def memorizes_first_answer(hidden, w_down, w_up_k, w_up_v, heads):
+        remembered.setdefault("out", reference(hidden, w_down, w_up_k, w_up_v, heads))
+        return remembered["out"]
+
+    assert not check.check(memorizes_first_answer, SHAPE, torch.float32, "cpu").ok
+
+
+def test_shape_matrix_goes_beyond_the_toy():
+    shapes = check.SHAPE_MATRIX
+    assert len(shapes) == 14
+    assert min(s.tokens for s in shapes) == 1 and max(s.tokens for s in shapes) >= 3000
+    assert any(s.heads == 1 for s in shapes) and any(s.d_model % 2 for s in shapes)
+    assert any(s.rank % 4 for s in shapes) and any(s.head_dim % 4 for s in shapes)
+    assert {(s.d_model, s.rank, s.heads, s.head_dim) for s in shapes} >= {(2048, 512, 16, 128), (7168, 512, 128, 128)}

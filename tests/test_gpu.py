@@ -1,0 +1,113 @@
+"""Every step on the GPU: the shape matrix in both dtypes, graphs, streams, and bad inputs."""
+
+import pytest
+import torch
+
+from mla_lab import check, grade, steps
+from mla_lab.problem import TOY, Shape, make_inputs, oracle
+
+pytestmark = pytest.mark.gpu
+STEP_KEYS = [s.number for s in steps.STEPS]
+
+
+@pytest.fixture(scope="module", params=STEP_KEYS, ids=lambda n: f"step{n}")
+def kernel(request):
+    return steps.load(request.param)
+
+
+def test_correct_on_the_whole_shape_matrix(kernel):
+    verdicts = check.check_matrix(kernel, "cuda")
+    assert all(v.ok for v in verdicts), "\n".join(str(v) for v in verdicts if not v.ok)
+
+
+def test_allocates_the_stacked_shape_with_the_inputs_dtype(kernel):
+    inputs = make_inputs(TOY, torch.bfloat16, "cuda")
+    out = kernel(*inputs, TOY.heads)
+    assert out.shape == TOY.out_shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+
+
+def test_captured_in_a_cuda_graph_and_replayed_on_new_inputs(kernel):
+    static = make_inputs(TOY, torch.float32, "cuda", seed=1)
+    out = torch.empty(TOY.out_shape, device="cuda")
+    kernel(*static, TOY.heads, out=out)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel(*static, TOY.heads, out=out)
+    fresh = make_inputs(TOY, torch.float32, "cuda", seed=2)
+    for buffer, value in zip(static, fresh):
+        buffer.copy_(value)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert check.compare(out, oracle(fresh, TOY.heads), torch.float32, TOY).ok
+
+
+def test_runs_on_the_current_stream(kernel):
+    inputs = make_inputs(TOY, torch.float32, "cuda", seed=3)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1_000_000)  # keep the stream busy: a launch elsewhere would race ahead
+        out = kernel(*inputs, TOY.heads)
+    stream.synchronize()
+    assert check.compare(out, oracle(inputs, TOY.heads), torch.float32, TOY).ok
+
+
+def test_zero_tokens_give_an_empty_output_of_the_right_shape(kernel):
+    shape = TOY.with_tokens(0, 96)
+    out = kernel(*make_inputs(shape, torch.float32, "cuda"), TOY.heads)
+    assert out.shape == (0, 96, 2, TOY.heads, TOY.head_dim)
+
+
+def _replace(index, change):
+    """Toy inputs with input `index` changed: a bad call the binding must reject."""
+
+    def make():
+        args = list(make_inputs(TOY, torch.float32, "cuda"))
+        args[index] = change(args[index])
+        return args
+
+    return make
+
+
+# case: (make the inputs, heads, exception type, what the message must say)
+BAD_INPUTS = {
+    "fp16": (_replace(0, torch.Tensor.half), 4, TypeError, "supported dtypes are float32 and bfloat16"),
+    "mixed dtypes": (_replace(1, torch.Tensor.bfloat16), 4, TypeError, "convert all inputs to one dtype"),
+    "non-contiguous": (_replace(2, lambda w: w.t().contiguous().t()), 4, ValueError, "w_up_k.contiguous()"),
+    "hidden rank 2": (_replace(0, lambda x: x[0]), 4, ValueError, "hidden must be .batch, seq, d_model."),
+    "d_model mismatch": (_replace(1, lambda w: w[1:]), 4, ValueError, "w_down must be .d_model, rank."),
+    "rank mismatch": (_replace(2, lambda w: w[1:]), 4, ValueError, "w_up_k must be .rank, heads.head_dim."),
+    "k/v width mismatch": (_replace(3, lambda w: w[:, 1:]), 4, ValueError, "same shape"),
+    "heads do not divide": (_replace(0, lambda x: x), 5, ValueError, "does not divide"),
+    "heads zero": (_replace(0, lambda x: x), 0, ValueError, "heads must be >= 1"),
+    "cpu hidden": (_replace(0, torch.Tensor.cpu), 4, RuntimeError, "with .cuda"),
+    "mixed devices": (_replace(1, torch.Tensor.cpu), 4, RuntimeError, "put all inputs on one GPU"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_clear_line(kernel, case):
+    make, heads, error, message = BAD_INPUTS[case]
+    with pytest.raises(error, match=message) as raised:
+        kernel(*make(), heads)
+    assert "\n" not in str(raised.value).strip()
+
+
+def test_a_wrong_out_is_rejected(kernel):
+    inputs = make_inputs(TOY, torch.float32, "cuda")
+    with pytest.raises(ValueError, match="out is"):
+        kernel(*inputs, TOY.heads, out=torch.empty(1, device="cuda"))
+
+
+def test_step2_rejects_a_rank_beyond_its_shared_memory_limit():
+    kernel = steps.load("shared_latent")
+    shape = Shape(1, 2, 8, kernel.step.max_rank + 1, 1, 4)
+    with pytest.raises(ValueError, match="rank <= 12288"):
+        kernel(*make_inputs(shape, torch.float32, "cuda"), 1)
+    at_limit = Shape(1, 2, 8, kernel.step.max_rank, 1, 4)
+    assert check.check(kernel, at_limit, torch.float32, "cuda", trials=1).ok
+
+
+@pytest.mark.parametrize("exercise", [s.exercise for s in steps.exercises()])
+def test_every_solution_grades_correct(exercise):
+    result = grade.grade(exercise, "solution")
+    assert result.passed, result.line
