@@ -1,25 +1,27 @@
 # Each target is one line of real work; see README.md.
-PYTHON ?= python3
+PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
 .PHONY: setup lab test test-gpu sanitize exercises notebooks
 
-setup:  # a virtual environment with everything, then the package in editable mode
-	$(PYTHON) -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e .
+.venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once
+	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && touch $@
 
-lab: setup
+setup: .venv/.installed
+
+lab: setup  # open the course
 	.venv/bin/jupyter lab notebooks/
 
-test:  # CPU tests, every .cu compiled with nvcc, and nbval over the notebooks
-	$(PYTHON) -m pytest
+test: setup  # CPU tests, every .cu compiled with nvcc, nbval over the notebooks (GPU tests run if there is a GPU)
+	.venv/bin/python -m pytest
 
-test-gpu:  # on a GPU machine: everything, notebooks run with the solutions, the grader over all
+test-gpu:  # on a GPU machine: all tests, the notebooks run with the solutions, the grader over every exercise, sanitizers
 	MLA_LAB_EXERCISE_SOURCE=solution $(PYTHON) -m pytest && $(PYTHON) -m mla_lab grade --all --variant solution && $(PYTHON) -m mla_lab grade --all --variant exercise --expect-stubs && $(MAKE) sanitize
 
 sanitize:  # compute-sanitizer's four tools over every step on small odd shapes
 	for tool in memcheck racecheck initcheck synccheck; do compute-sanitizer --tool $$tool --error-exitcode 1 $(PYTHON) -m mla_lab check --quick || exit 1; done
 
-exercises:  # regenerate exercises/ from solutions/ (keeps edited exercises unless FORCE=--force)
+exercises:  # regenerate exercises/ from solutions/ (an edited exercise is kept unless FORCE=--force)
 	$(PYTHON) -m mla_lab exercises $(FORCE)
 
-notebooks:  # re-execute every notebook in place on a GPU machine (stored outputs = a real run)
+notebooks:  # re-execute every notebook in place on a GPU machine, so stored outputs are a real run
 	MLA_LAB_EXERCISE_SOURCE=solution $(PYTHON) -m mla_lab notebooks

@@ -9,17 +9,9 @@ import torch
 
 
 def doctor(_: argparse.Namespace) -> int:
-    from . import build
+    from .build import setup_report
 
-    print(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})")
-    print(f"kernels can be built here: {build.toolchain_problem() or 'yes'}")
-    gpu = build.gpu_problem()
-    if gpu:
-        print(f"kernels can run here: {gpu}")
-    else:
-        from .bench import device_line
-
-        print(f"kernels can run here: yes, on {device_line()}")
+    print(setup_report())
     return 0
 
 

@@ -70,8 +70,32 @@ def toolchain_problem() -> str | None:
 def gpu_problem() -> str | None:
     """Why kernels cannot run here, in one line, or None if they can."""
     if torch.version.cuda is None or not torch.cuda.is_available():
-        return "no CUDA GPU is visible to torch: GPU cells and tests are skipped here"
+        return "no CUDA GPU is visible to torch"
     return None
+
+
+def gpu_ready(what: str) -> bool:
+    """For a notebook's GPU cell: True if it can run, else one line saying what it would show."""
+    problem = gpu_problem() or toolchain_problem()
+    if problem:
+        print(f"This cell needs a CUDA GPU ({problem}). On one it {what}; the stored output shows an H200's.")
+        return False
+    return True
+
+
+def setup_report() -> str:
+    """What this machine can do for the course, a line per question."""
+    lines = [
+        f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})",
+        f"kernels can be built here: {toolchain_problem() or 'yes, with ' + str(_cuda_home()) + '/bin/nvcc'}",
+    ]
+    problem = gpu_problem()
+    if problem:
+        lines.append(f"kernels can run here: no; {problem}")
+    else:
+        props = torch.cuda.get_device_properties(0)
+        lines.append(f"kernels can run here: yes, on {props.name} (sm_{props.major}{props.minor})")
+    return "\n".join(lines)
 
 
 def require_gpu() -> None:

@@ -23,7 +23,7 @@ def address_map(shape: Shape, tokens: int = 3):
     ax.set_xlabel(f"element offset within a token's row (row length 2*H*hd = {2 * shape.width})")
     ax.set_ylabel("token")
     ax.set_yticks(range(tokens))
-    ax.set_title(f"(B, S, 2, H, hd) in memory: each token is one contiguous row [k heads | v heads], {shape.label()}")
+    ax.set_title(f"(B, S, 2, H, hd) in memory: token t owns offsets [t*{2 * shape.width}, (t+1)*{2 * shape.width}): k heads, then v heads")
     fig.tight_layout()
     return fig
 
@@ -41,5 +41,22 @@ def time_per_step(timings: list[Timing], title: str):
     ax.invert_yaxis()
     ax.set_xlabel("median time per call, us (log scale)")
     ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def roofline(ceilings: dict[str, float], points: dict[str, tuple[float, float]], dtype_peak: str):
+    """Attainable TFLOP/s against arithmetic intensity, with measured (intensity, TFLOP/s) points."""
+    peak = ceilings[dtype_peak]
+    bandwidth = ceilings["copy TB/s"]
+    intensity = torch.logspace(-1, 4, 200)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.loglog(intensity, torch.clamp(intensity * bandwidth, max=peak), "k-", label=f"roofline: {dtype_peak} {peak:.0f}, copy {bandwidth:.1f} TB/s (measured)")
+    for name, (x, y) in points.items():
+        ax.loglog([x], [y], "o", label=name)
+    ax.set_xlabel("arithmetic intensity, FLOP per byte of minimum traffic")
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -1,6 +1,7 @@
 import pytest
 
-from mla_lab import exercises, grade, steps
+from mla_lab import exercises, steps
+from mla_lab.grade import grade
 
 
 def test_exercises_are_in_sync_with_solutions():
@@ -53,7 +54,7 @@ def test_generate_never_overwrites_a_learners_work(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("exercise", [s.exercise for s in steps.exercises()])
 def test_grading_a_stub_says_not_implemented_yet(exercise, capsys):
-    result = grade.grade(exercise, "exercise")
+    result = grade(exercise, "exercise")
     assert result.status == "not implemented"
     printed = capsys.readouterr().out
     assert printed.count("\n") == 1 and "not implemented yet" in printed and "line" in printed

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from mla_lab import check, grade, steps
+from mla_lab import check, steps
+from mla_lab.grade import grade
 from mla_lab.problem import TOY, Shape, make_inputs, oracle
 
 pytestmark = pytest.mark.gpu
@@ -76,7 +77,7 @@ BAD_INPUTS = {
     "hidden rank 2": (_replace(0, lambda x: x[0]), 4, ValueError, "hidden must be .batch, seq, d_model."),
     "d_model mismatch": (_replace(1, lambda w: w[1:]), 4, ValueError, "w_down must be .d_model, rank."),
     "rank mismatch": (_replace(2, lambda w: w[1:]), 4, ValueError, "w_up_k must be .rank, heads.head_dim."),
-    "k/v width mismatch": (_replace(3, lambda w: w[:, 1:]), 4, ValueError, "same shape"),
+    "k/v width mismatch": (_replace(3, lambda w: w[:, 1:].contiguous()), 4, ValueError, "same shape"),
     "heads do not divide": (_replace(0, lambda x: x), 5, ValueError, "does not divide"),
     "heads zero": (_replace(0, lambda x: x), 0, ValueError, "heads must be >= 1"),
     "cpu hidden": (_replace(0, torch.Tensor.cpu), 4, RuntimeError, "with .cuda"),
@@ -96,6 +97,11 @@ def test_a_wrong_out_is_rejected(kernel):
     inputs = make_inputs(TOY, torch.float32, "cuda")
     with pytest.raises(ValueError, match="out is"):
         kernel(*inputs, TOY.heads, out=torch.empty(1, device="cuda"))
+    strided = torch.empty(*TOY.out_shape[:-1], 2 * TOY.head_dim, device="cuda")[..., ::2]
+    with pytest.raises(ValueError, match="out is not contiguous"):
+        kernel(*inputs, TOY.heads, out=strided)
+    with pytest.raises(TypeError, match="out is BFloat16"):
+        kernel(*inputs, TOY.heads, out=torch.empty(TOY.out_shape, device="cuda", dtype=torch.bfloat16))
 
 
 def test_step2_rejects_a_rank_beyond_its_shared_memory_limit():
@@ -109,5 +115,5 @@ def test_step2_rejects_a_rank_beyond_its_shared_memory_limit():
 
 @pytest.mark.parametrize("exercise", [s.exercise for s in steps.exercises()])
 def test_every_solution_grades_correct(exercise):
-    result = grade.grade(exercise, "solution")
+    result = grade(exercise, "solution")
     assert result.passed, result.line

@@ -21,18 +21,24 @@ using Launcher = cudaError_t (*)(const MlaProblem*, cudaStream_t);
 
 std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes()); }
 
-void check_matrix_like(const std::string& step, const char* name, const at::Tensor& t,
+// Device, dtype and layout of a tensor that travels with hidden.
+void check_like_hidden(const std::string& step, const char* name, const at::Tensor& t,
                        const at::Tensor& hidden) {
   TORCH_CHECK(t.device() == hidden.device(), step, ": ", name, " is on ", t.device(),
               " but hidden is on ", hidden.device(), "; put all inputs on one GPU");
   TORCH_CHECK_TYPE(t.scalar_type() == hidden.scalar_type(), step, ": ", name, " is ",
                    t.scalar_type(), " but hidden is ", hidden.scalar_type(),
                    "; convert all inputs to one dtype");
-  TORCH_CHECK_VALUE(t.dim() == 2, step, ": ", name, " must be a matrix, got shape ",
-                    shape_of(t));
   TORCH_CHECK_VALUE(t.is_contiguous(), step, ": ", name,
                     " is not contiguous (a transpose or a strided slice?); pass ", name,
                     ".contiguous()");
+}
+
+void check_weight(const std::string& step, const char* name, const at::Tensor& t,
+                  const at::Tensor& hidden) {
+  check_like_hidden(step, name, t, hidden);
+  TORCH_CHECK_VALUE(t.dim() == 2, step, ": ", name, " must be a matrix, got shape ",
+                    shape_of(t));
 }
 
 at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor& hidden,
@@ -47,9 +53,9 @@ at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor&
                     shape_of(hidden));
   TORCH_CHECK_VALUE(hidden.is_contiguous(), step,
                     ": hidden is not contiguous; pass hidden.contiguous()");
-  check_matrix_like(step, "w_down", w_down, hidden);
-  check_matrix_like(step, "w_up_k", w_up_k, hidden);
-  check_matrix_like(step, "w_up_v", w_up_v, hidden);
+  check_weight(step, "w_down", w_down, hidden);
+  check_weight(step, "w_up_k", w_up_k, hidden);
+  check_weight(step, "w_up_v", w_up_v, hidden);
 
   const int64_t batch = hidden.size(0), seq = hidden.size(1), d_model = hidden.size(2);
   const int64_t rank = w_down.size(1), width = w_up_k.size(1);
@@ -75,7 +81,7 @@ at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor&
     result = *out;
     TORCH_CHECK_VALUE(result.sizes() == c10::IntArrayRef(out_shape), step, ": out is ",
                       shape_of(result), " but must be ", c10::IntArrayRef(out_shape));
-    check_matrix_like(step, "out", result.view({-1, 2 * width}), hidden);
+    check_like_hidden(step, "out", result, hidden);
   } else {
     result = at::empty(out_shape, hidden.options());
   }
