@@ -69,38 +69,38 @@ def _replace(index, change):
     return make
 
 
-# case: (make the inputs, heads, exception type, what the message must say)
+# case: (make the inputs, heads, what the one-line RuntimeError must say)
 BAD_INPUTS = {
-    "fp16": (_replace(0, torch.Tensor.half), 4, TypeError, "supported dtypes are float32 and bfloat16"),
-    "mixed dtypes": (_replace(1, torch.Tensor.bfloat16), 4, TypeError, "convert all inputs to one dtype"),
-    "non-contiguous": (_replace(2, lambda w: w.t().contiguous().t()), 4, ValueError, "w_up_k.contiguous()"),
-    "hidden rank 2": (_replace(0, lambda x: x[0]), 4, ValueError, "hidden must be .batch, seq, d_model."),
-    "d_model mismatch": (_replace(1, lambda w: w[1:]), 4, ValueError, "w_down must be .d_model, rank."),
-    "rank mismatch": (_replace(2, lambda w: w[1:]), 4, ValueError, "w_up_k must be .rank, heads.head_dim."),
-    "k/v width mismatch": (_replace(3, lambda w: w[:, 1:].contiguous()), 4, ValueError, "same shape"),
-    "heads do not divide": (_replace(0, lambda x: x), 5, ValueError, "does not divide"),
-    "heads zero": (_replace(0, lambda x: x), 0, ValueError, "heads must be >= 1"),
-    "cpu hidden": (_replace(0, torch.Tensor.cpu), 4, RuntimeError, "with .cuda"),
-    "mixed devices": (_replace(1, torch.Tensor.cpu), 4, RuntimeError, "put all inputs on one GPU"),
+    "fp16": (_replace(0, torch.Tensor.half), 4, "supported dtypes are float32 and bfloat16"),
+    "mixed dtypes": (_replace(1, torch.Tensor.bfloat16), 4, "convert all inputs to one dtype"),
+    "non-contiguous": (_replace(2, lambda w: w.t().contiguous().t()), 4, "w_up_k.contiguous()"),
+    "hidden rank 2": (_replace(0, lambda x: x[0]), 4, "hidden must be .batch, seq, d_model."),
+    "d_model mismatch": (_replace(1, lambda w: w[1:]), 4, "w_down must be .d_model, rank."),
+    "rank mismatch": (_replace(2, lambda w: w[1:]), 4, "w_up_k must be .rank, heads.head_dim."),
+    "k/v width mismatch": (_replace(3, lambda w: w[:, 1:].contiguous()), 4, "same shape"),
+    "heads do not divide": (_replace(0, lambda x: x), 5, "does not divide"),
+    "heads zero": (_replace(0, lambda x: x), 0, "heads must be >= 1"),
+    "cpu hidden": (_replace(0, torch.Tensor.cpu), 4, "with .cuda"),
+    "mixed devices": (_replace(1, torch.Tensor.cpu), 4, "put all inputs on one GPU"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_is_one_clear_line(kernel, case):
-    make, heads, error, message = BAD_INPUTS[case]
-    with pytest.raises(error, match=message) as raised:
+    make, heads, message = BAD_INPUTS[case]
+    with pytest.raises(RuntimeError, match=message) as raised:
         kernel(*make(), heads)
     assert "\n" not in str(raised.value).strip()
 
 
 def test_a_wrong_out_is_rejected(kernel):
     inputs = make_inputs(TOY, torch.float32, "cuda")
-    with pytest.raises(ValueError, match="out is"):
+    with pytest.raises(RuntimeError, match="out is"):
         kernel(*inputs, TOY.heads, out=torch.empty(1, device="cuda"))
     strided = torch.empty(*TOY.out_shape[:-1], 2 * TOY.head_dim, device="cuda")[..., ::2]
-    with pytest.raises(ValueError, match="out is not contiguous"):
+    with pytest.raises(RuntimeError, match="out is not contiguous"):
         kernel(*inputs, TOY.heads, out=strided)
-    with pytest.raises(TypeError, match="out is BFloat16"):
+    with pytest.raises(RuntimeError, match="out is BFloat16"):
         kernel(*inputs, TOY.heads, out=torch.empty(TOY.out_shape, device="cuda", dtype=torch.bfloat16))
 
 

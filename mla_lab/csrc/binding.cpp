@@ -21,24 +21,27 @@ using Launcher = cudaError_t (*)(const MlaProblem*, cudaStream_t);
 
 std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes()); }
 
+// Every check is a plain TORCH_CHECK (RuntimeError in Python): on torch 2.11 a TORCH_CHECK_VALUE
+// thrown from this operator crashed the interpreter instead of raising ValueError.
+
 // Device, dtype and layout of a tensor that travels with hidden.
 void check_like_hidden(const std::string& step, const char* name, const at::Tensor& t,
                        const at::Tensor& hidden) {
   TORCH_CHECK(t.device() == hidden.device(), step, ": ", name, " is on ", t.device(),
               " but hidden is on ", hidden.device(), "; put all inputs on one GPU");
-  TORCH_CHECK_TYPE(t.scalar_type() == hidden.scalar_type(), step, ": ", name, " is ",
-                   t.scalar_type(), " but hidden is ", hidden.scalar_type(),
-                   "; convert all inputs to one dtype");
-  TORCH_CHECK_VALUE(t.is_contiguous(), step, ": ", name,
-                    " is not contiguous (a transpose or a strided slice?); pass ", name,
-                    ".contiguous()");
+  TORCH_CHECK(t.scalar_type() == hidden.scalar_type(), step, ": ", name, " is ",
+              t.scalar_type(), " but hidden is ", hidden.scalar_type(),
+              "; convert all inputs to one dtype");
+  TORCH_CHECK(t.is_contiguous(), step, ": ", name,
+              " is not contiguous (a transpose or a strided slice?); pass ", name,
+              ".contiguous()");
 }
 
 void check_weight(const std::string& step, const char* name, const at::Tensor& t,
                   const at::Tensor& hidden) {
   check_like_hidden(step, name, t, hidden);
-  TORCH_CHECK_VALUE(t.dim() == 2, step, ": ", name, " must be a matrix, got shape ",
-                    shape_of(t));
+  TORCH_CHECK(t.dim() == 2, step, ": ", name, " must be a matrix, got shape ",
+              shape_of(t));
 }
 
 at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor& hidden,
@@ -47,40 +50,40 @@ at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor&
   TORCH_CHECK(hidden.is_cuda(), step, ": hidden is on ", hidden.device(),
               "; these kernels run on a CUDA GPU: move the inputs there with .cuda()");
   const auto dtype = hidden.scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16, step, ": hidden is ", dtype,
-                   "; supported dtypes are float32 and bfloat16 (use .float() or .bfloat16())");
-  TORCH_CHECK_VALUE(hidden.dim() == 3, step, ": hidden must be (batch, seq, d_model), got shape ",
-                    shape_of(hidden));
-  TORCH_CHECK_VALUE(hidden.is_contiguous(), step,
-                    ": hidden is not contiguous; pass hidden.contiguous()");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, step, ": hidden is ", dtype,
+              "; supported dtypes are float32 and bfloat16 (use .float() or .bfloat16())");
+  TORCH_CHECK(hidden.dim() == 3, step, ": hidden must be (batch, seq, d_model), got shape ",
+              shape_of(hidden));
+  TORCH_CHECK(hidden.is_contiguous(), step,
+              ": hidden is not contiguous; pass hidden.contiguous()");
   check_weight(step, "w_down", w_down, hidden);
   check_weight(step, "w_up_k", w_up_k, hidden);
   check_weight(step, "w_up_v", w_up_v, hidden);
 
   const int64_t batch = hidden.size(0), seq = hidden.size(1), d_model = hidden.size(2);
   const int64_t rank = w_down.size(1), width = w_up_k.size(1);
-  TORCH_CHECK_VALUE(d_model >= 1 && rank >= 1 && width >= 1, step,
-                    ": d_model, rank and the up-projection width must be >= 1, got hidden ",
-                    shape_of(hidden), ", w_down ", shape_of(w_down), ", w_up_k ",
-                    shape_of(w_up_k));
-  TORCH_CHECK_VALUE(w_down.size(0) == d_model, step, ": w_down is ", shape_of(w_down),
-                    " but hidden has d_model=", d_model, "; w_down must be (d_model, rank)");
-  TORCH_CHECK_VALUE(w_up_k.size(0) == rank, step, ": w_up_k is ", shape_of(w_up_k),
-                    " but w_down has rank=", rank, "; w_up_k must be (rank, heads*head_dim)");
-  TORCH_CHECK_VALUE(w_up_v.sizes() == w_up_k.sizes(), step, ": w_up_v is ", shape_of(w_up_v),
-                    " but w_up_k is ", shape_of(w_up_k), "; they must have the same shape");
-  TORCH_CHECK_VALUE(heads >= 1, step, ": heads must be >= 1, got ", heads);
-  TORCH_CHECK_VALUE(width % heads == 0, step, ": heads=", heads,
-                    " does not divide the up-projection width ", width,
-                    "; the width must be heads*head_dim");
+  TORCH_CHECK(d_model >= 1 && rank >= 1 && width >= 1, step,
+              ": d_model, rank and the up-projection width must be >= 1, got hidden ",
+              shape_of(hidden), ", w_down ", shape_of(w_down), ", w_up_k ",
+              shape_of(w_up_k));
+  TORCH_CHECK(w_down.size(0) == d_model, step, ": w_down is ", shape_of(w_down),
+              " but hidden has d_model=", d_model, "; w_down must be (d_model, rank)");
+  TORCH_CHECK(w_up_k.size(0) == rank, step, ": w_up_k is ", shape_of(w_up_k),
+              " but w_down has rank=", rank, "; w_up_k must be (rank, heads*head_dim)");
+  TORCH_CHECK(w_up_v.sizes() == w_up_k.sizes(), step, ": w_up_v is ", shape_of(w_up_v),
+              " but w_up_k is ", shape_of(w_up_k), "; they must have the same shape");
+  TORCH_CHECK(heads >= 1, step, ": heads must be >= 1, got ", heads);
+  TORCH_CHECK(width % heads == 0, step, ": heads=", heads,
+              " does not divide the up-projection width ", width,
+              "; the width must be heads*head_dim");
   const int64_t head_dim = width / heads;
 
   const std::vector<int64_t> out_shape{batch, seq, 2, heads, head_dim};
   at::Tensor result;
   if (out.has_value()) {
     result = *out;
-    TORCH_CHECK_VALUE(result.sizes() == c10::IntArrayRef(out_shape), step, ": out is ",
-                      shape_of(result), " but must be ", c10::IntArrayRef(out_shape));
+    TORCH_CHECK(result.sizes() == c10::IntArrayRef(out_shape), step, ": out is ",
+                shape_of(result), " but must be ", c10::IntArrayRef(out_shape));
     check_like_hidden(step, "out", result, hidden);
   } else {
     result = at::empty(out_shape, hidden.options());
