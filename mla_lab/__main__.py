@@ -1,4 +1,4 @@
-"""python -m mla_lab doctor | check | grade | exercises | bench | notebooks"""
+"""python -m mla_lab doctor | check | grade | exercises | bench | kernelbench | notebooks"""
 
 from __future__ import annotations
 
@@ -67,6 +67,17 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def kernelbench(args: argparse.Namespace) -> int:
+    from . import build
+    from .kernelbench import evaluate
+
+    build.require_gpu()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    line = evaluate(args.file, trials=args.trials, dtype=dtype)
+    print(line)
+    return 0 if ": correct" in line else 1
+
+
 def notebooks(args: argparse.Namespace) -> int:
     from . import build
     from .notebooks import execute_in_place
@@ -108,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--mode", default="graph", choices=["graph", "stream"])
     p.set_defaults(run=bench)
+
+    p = sub.add_parser("kernelbench", help="evaluate a KernelBench-style ModelNew file against Model (GPU)")
+    p.add_argument("file", help="a .py file defining ModelNew (e.g. kernels/kernelbench_mla.py)")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.set_defaults(run=kernelbench)
 
     p = sub.add_parser("notebooks", help="re-execute every notebook in place (on a GPU machine)")
     p.add_argument("--allow-cpu", action="store_true", help="run even without a GPU")

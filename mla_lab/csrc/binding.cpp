@@ -19,10 +19,17 @@ namespace {
 
 using Launcher = cudaError_t (*)(const MlaProblem*, cudaStream_t);
 
-std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes()); }
+// Numbers in messages are formatted with std::to_string, never streamed: on torch 2.11 (the H200
+// machine's) streaming an integer into an error message from this library crashed the process.
+std::string num(int64_t value) { return std::to_string(value); }
 
-// Every check is a plain TORCH_CHECK (RuntimeError in Python): on torch 2.11 a TORCH_CHECK_VALUE
-// thrown from this operator crashed the interpreter instead of raising ValueError.
+std::string shape_of(c10::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + num(sizes[i]);
+  return text + "]";
+}
+
+std::string shape_of(const at::Tensor& t) { return shape_of(t.sizes()); }
 
 // Device, dtype and layout of a tensor that travels with hidden.
 void check_like_hidden(const std::string& step, const char* name, const at::Tensor& t,
@@ -67,14 +74,14 @@ at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor&
               shape_of(hidden), ", w_down ", shape_of(w_down), ", w_up_k ",
               shape_of(w_up_k));
   TORCH_CHECK(w_down.size(0) == d_model, step, ": w_down is ", shape_of(w_down),
-              " but hidden has d_model=", d_model, "; w_down must be (d_model, rank)");
+              " but hidden has d_model=", num(d_model), "; w_down must be (d_model, rank)");
   TORCH_CHECK(w_up_k.size(0) == rank, step, ": w_up_k is ", shape_of(w_up_k),
-              " but w_down has rank=", rank, "; w_up_k must be (rank, heads*head_dim)");
+              " but w_down has rank=", num(rank), "; w_up_k must be (rank, heads*head_dim)");
   TORCH_CHECK(w_up_v.sizes() == w_up_k.sizes(), step, ": w_up_v is ", shape_of(w_up_v),
               " but w_up_k is ", shape_of(w_up_k), "; they must have the same shape");
-  TORCH_CHECK(heads >= 1, step, ": heads must be >= 1, got ", heads);
-  TORCH_CHECK(width % heads == 0, step, ": heads=", heads,
-              " does not divide the up-projection width ", width,
+  TORCH_CHECK(heads >= 1, step, ": heads must be >= 1, got ", num(heads));
+  TORCH_CHECK(width % heads == 0, step, ": heads=", num(heads),
+              " does not divide the up-projection width ", num(width),
               "; the width must be heads*head_dim");
   const int64_t head_dim = width / heads;
 
@@ -83,7 +90,7 @@ at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor&
   if (out.has_value()) {
     result = *out;
     TORCH_CHECK(result.sizes() == c10::IntArrayRef(out_shape), step, ": out is ",
-                shape_of(result), " but must be ", c10::IntArrayRef(out_shape));
+                shape_of(result), " but must be ", shape_of(out_shape));
     check_like_hidden(step, "out", result, hidden);
   } else {
     result = at::empty(out_shape, hidden.options());
