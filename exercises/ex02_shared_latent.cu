@@ -38,7 +38,10 @@ __global__ void shared_latent_kernel(const T* __restrict__ hidden, const T* __re
 
 template <typename T>
 cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
-  const int64_t shared_bytes = p.rank * int64_t(sizeof(float));
+  // Rounded up to whole 16-byte groups: ptxas may merge the loop's tail loads of `latent` into
+  // one vector read reaching up to 3 floats past rank (compute-sanitizer memcheck saw it at
+  // rank 33). The padding is never used in a result.
+  const int64_t shared_bytes = (p.rank + 3) / 4 * 4 * int64_t(sizeof(float));
   if (shared_bytes > kMaxSharedBytes) return cudaErrorInvalidValue;
   shared_latent_kernel<T><<<unsigned(p.tokens), kThreads, size_t(shared_bytes), stream>>>(
       static_cast<const T*>(p.hidden), static_cast<const T*>(p.w_down),
