@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import NullFormatter
 
 from . import layout
 from .bench import Timing
@@ -38,6 +39,7 @@ def time_per_step(timings: list[Timing], title: str):
     for y, t in enumerate(timings):
         ax.text(t.median_us, y, f" {t.median_us:.1f} us", va="center", fontsize=8)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels on a log axis collide
     ax.invert_yaxis()
     ax.set_xlabel("median time per call, us (log scale)")
     ax.set_title(title)
@@ -56,7 +58,7 @@ def roofline(ceilings: dict[str, float], points: dict[str, tuple[float, float]],
         ax.loglog([x], [y], "o", label=name)
     ax.set_xlabel("arithmetic intensity, FLOP per byte of minimum traffic")
     ax.set_ylabel("TFLOP/s")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
