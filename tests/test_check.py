@@ -103,3 +103,21 @@ def test_shape_matrix_goes_beyond_the_toy():
     assert any(s.heads == 1 for s in shapes) and any(s.d_model % 2 for s in shapes)
     assert any(s.rank % 4 for s in shapes) and any(s.head_dim % 4 for s in shapes)
     assert {(s.d_model, s.rank, s.heads, s.head_dim) for s in shapes} >= {(2048, 512, 16, 128), (7168, 512, 128, 128)}
+
+
+def test_a_kernel_that_only_works_on_the_toy_shape_fails_elsewhere():
+    from mla_lab.problem import TOY
+
+    def toy_only(hidden, w_down, w_up_k, w_up_v, heads):
+        out = reference(hidden, w_down, w_up_k, w_up_v, heads)
+        return out if tuple(out.shape) == TOY.out_shape else out.roll(1, dims=-1)
+
+    shapes = (TOY, SHAPE, Shape(1, 3, 17, 5, 1, 7))
+    verdicts = check.check_matrix(toy_only, "cpu", shapes, (torch.float32,), trials=1)
+    assert [v.ok for v in verdicts] == [True, False, False]
+
+
+def test_a_kernel_that_returns_an_earlier_result_fails():
+    earlier = reference(*check.make_inputs(SHAPE, torch.float32, seed=123), SHAPE.heads)
+    verdict = check.check(lambda *args: earlier.clone(), SHAPE, torch.float32, "cpu")
+    assert not verdict.ok and "first wrong element" in verdict.problem

@@ -5,7 +5,7 @@ import torch
 
 from mla_lab import check, steps
 from mla_lab.grade import grade
-from mla_lab.problem import TOY, Shape, make_inputs, oracle
+from mla_lab.problem import TOY, Inputs, Shape, make_inputs, oracle
 
 pytestmark = pytest.mark.gpu
 STEP_KEYS = [s.number for s in steps.STEPS]
@@ -117,3 +117,32 @@ def test_step2_rejects_a_rank_beyond_its_shared_memory_limit():
 def test_every_solution_grades_correct(exercise):
     result = grade(exercise, "solution")
     assert result.passed, result.line
+
+
+def test_outputs_beyond_2_31_elements_are_indexed_correctly(kernel):
+    # 2 * 128 outputs per token: token 2**23 starts exactly at element 2**31 of the output
+    shape = Shape(1, 2**23 + 3, 8, 4, 4, 32)
+    assert shape.tokens * 2 * shape.width > 2**31
+    inputs = make_inputs(shape, torch.bfloat16, "cuda")
+    out = torch.full(shape.out_shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernel(*inputs, shape.heads, out=out)
+    assert not bool(out.isnan().any()), "elements left unwritten"
+    for first in (0, 2**23 - 2):  # the first tokens, and the tokens on both sides of 2**31
+        rows = slice(first, first + 5)
+        part = Inputs(inputs.hidden[:, rows], *inputs[1:])
+        verdict = check.compare(out[:, rows], oracle(part, shape.heads), torch.bfloat16, shape.with_tokens(1, 5))
+        assert verdict.ok, f"tokens {first}..{first + 4}: {verdict}"
+
+
+def test_views_that_break_16_byte_alignment_are_correct(kernel):
+    def offset_by_one(t):
+        buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = buffer[1:].view(t.shape)  # one element past the allocation's alignment
+        return view.copy_(t)
+
+    shape = Shape(2, 33, 129, 20, 3, 12)
+    inputs = make_inputs(shape, torch.float32, "cuda", seed=5)
+    shifted = Inputs(*(offset_by_one(t) for t in inputs))
+    assert all(t.data_ptr() % 16 for t in shifted)
+    verdict = check.compare(kernel(*shifted, shape.heads), oracle(inputs, shape.heads), torch.float32, shape)
+    assert verdict.ok, verdict
