@@ -45,7 +45,8 @@ def grade(
         raise ValueError(f"{step.label} is a lecture step, not an exercise")
     variant = variant or steps.exercise_variant()
     source = step.source(variant)
-    name = f"{step.exercise} ({source.relative_to(steps.REPO)})"
+    shown = source.relative_to(steps.REPO) if source.is_relative_to(steps.REPO) else source
+    name = f"{step.exercise} ({shown})"
     result = _grade(step, variant, source, name, shapes)
     if not quiet:
         print(result.line)
