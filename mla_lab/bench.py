@@ -147,7 +147,12 @@ def measure_ceilings() -> dict[str, float]:
     """This GPU's own ceilings: large matmuls (TFLOP/s) and a large copy (TB/s, read + write)."""
     rates = {}
     n = 8192
-    for name, dtype, tf32 in (("bf16 matmul", torch.bfloat16, False), ("fp32 matmul", torch.float32, False), ("tf32 matmul", torch.float32, True)):
+    kinds = (
+        ("bf16 matmul", torch.bfloat16, False),
+        ("fp32 matmul", torch.float32, False),
+        ("tf32 matmul", torch.float32, True),
+    )
+    for name, dtype, tf32 in kinds:
         a = torch.randn(n, n, device="cuda").to(dtype)
         b = torch.randn(n, n, device="cuda").to(dtype)
         previous = torch.backends.cuda.matmul.allow_tf32
@@ -162,14 +167,6 @@ def measure_ceilings() -> dict[str, float]:
     copy = time_fn(lambda: target.copy_(source), "stream", "copy")
     rates["copy TB/s"] = 2 * source.numel() * 4 / (copy.median_us * 1e-6) / 1e12
     return rates
-
-
-def floor_us(shape: Shape, dtype: torch.dtype, ceilings: dict[str, float]) -> float:
-    """The roofline floor: the larger of compute time at the matmul peak and bytes at copy speed."""
-    peak = ceilings["bf16 matmul TFLOP/s" if dtype == torch.bfloat16 else "fp32 matmul TFLOP/s"]
-    compute_us = shape.flops() / (peak * 1e12) * 1e6
-    memory_us = shape.min_bytes(dtype) / (ceilings["copy TB/s"] * 1e12) * 1e6
-    return max(compute_us, memory_us)
 
 
 def device_line() -> str:

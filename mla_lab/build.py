@@ -74,9 +74,14 @@ def gpu_problem() -> str | None:
     return None
 
 
+def run_problem() -> str | None:
+    """Why kernels cannot be built and run here, in one line, or None if they can."""
+    return gpu_problem() or toolchain_problem()
+
+
 def gpu_ready(what: str) -> bool:
     """For a notebook's GPU cell: True if it can run, else one line saying what it would show."""
-    problem = gpu_problem() or toolchain_problem()
+    problem = run_problem()
     if problem:
         print(f"This cell needs a CUDA GPU ({problem}). On one it {what}; the stored output shows an H200's.")
         return False
@@ -99,7 +104,7 @@ def setup_report() -> str:
 
 
 def require_gpu() -> None:
-    problem = gpu_problem() or toolchain_problem()
+    problem = run_problem()
     if problem:
         raise SetupProblem(problem)
 

@@ -74,13 +74,20 @@ def expected_exercises() -> dict[Path, str]:
     return expected
 
 
-def out_of_sync() -> list[str]:
-    """What differs between exercises/ and what solutions/ generate (empty when in sync)."""
+def _working_text(path: Path, expected: str) -> str | None:
+    return path.read_text() if path.exists() else None
+
+
+def out_of_sync(read=_working_text) -> list[str]:
+    """What differs between exercises/ and what solutions/ generate (empty when in sync).
+
+    read(path, expected_text) gives an exercise's text; by default the file as it is now.
+    """
     expected = expected_exercises()
     problems = [
         f"{path.relative_to(REPO)} is missing or differs from its solution's stripped text"
         for path, text in expected.items()
-        if not path.exists() or path.read_text() != text
+        if read(path, text) != text
     ]
     known = {path.name for path in expected}
     problems += [

@@ -65,7 +65,7 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
             f"{name}: not implemented yet: replace the TODO stubs ({lines}) with your code, "
             "then grade again",
         )
-    problem = build.gpu_problem() or build.toolchain_problem()
+    problem = build.run_problem()
     if problem:
         return GradeResult(step.exercise, "no gpu", f"{name}: cannot grade here: {problem}")
     try:

@@ -19,9 +19,8 @@ def execute_in_place(paths: list[Path] | None = None, timeout_s: int = 900) -> l
     for path in paths or sorted(NOTEBOOK_DIR.glob("*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
         start = time.perf_counter()
-        NotebookClient(
-            notebook, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-        ).execute()
+        resources = {"metadata": {"path": str(path.parent)}}
+        NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", resources=resources).execute()
         nbformat.write(notebook, path)
         report.append(f"{path.name}: executed in {time.perf_counter() - start:.0f} s")
     return report

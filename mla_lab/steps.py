@@ -87,7 +87,7 @@ def exercises() -> list[Step]:
 
 
 def exercise_variant() -> str:
-    """Which source `load_exercise` and the grader use: the learner's unless told otherwise."""
+    """Which source the grader uses for exercises: the learner's unless told otherwise."""
     variant = os.environ.get(EXERCISE_SOURCE_ENV, "exercise")
     if variant not in VARIANTS:
         raise ValueError(f"{EXERCISE_SOURCE_ENV} must be one of {VARIANTS}, got {variant!r}")
@@ -133,8 +133,3 @@ def load(key: int | str | Step, variant: str = "solution") -> Kernel:
     source = step.source(variant)
     library = build.build_step(source, f"mla_{source.stem}_{variant if step.exercise else 'lecture'}")
     return Kernel(step, source, library)
-
-
-def load_exercise(exercise: str) -> Kernel:
-    """The learner's version of an exercise step (or the solution, under MLA_LAB_EXERCISE_SOURCE)."""
-    return load(exercise, exercise_variant())

@@ -5,7 +5,7 @@ from mla_lab import build
 
 def pytest_collection_modifyitems(config, items):
     """GPU tests run wherever torch sees a GPU and skip elsewhere, saying why."""
-    problem = build.gpu_problem() or build.toolchain_problem()
+    problem = build.run_problem()
     if problem is None:
         return
     skip = pytest.mark.skip(reason=problem)
