@@ -1,7 +1,7 @@
 # Each target is one line of real work; see README.md.
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
-.PHONY: setup lab test test-gpu sanitize exercises notebooks
+.PHONY: setup lab test test-gpu sanitize exercises notebooks bench results
 
 .venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once
 	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && touch $@
@@ -25,3 +25,9 @@ exercises:  # regenerate exercises/ from solutions/ (an edited exercise is kept 
 
 notebooks:  # re-execute every notebook in place on a GPU machine, so stored outputs are a real run
 	MLA_LAB_EXERCISE_SOURCE=solution $(PYTHON) -m mla_lab notebooks
+
+bench:  # on a GPU machine: the benchmark sweep (every step and peer, checked, timed) into results/<device>.json
+	$(PYTHON) -m mla_lab bench --command-line "make bench"
+
+results:  # the README results table and the plots in results/, made from results/*.json
+	$(PYTHON) -m mla_lab results

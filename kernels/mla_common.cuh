@@ -27,6 +27,68 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// The two up-projections seen as one (rank, 2 * width) matrix [w_up_k | w_up_v], without a copy:
+// notebook 02 showed that the stacked output is exactly latent @ [w_up_k | w_up_v], so k and v
+// are one GEMM. Also used for w_down alone (split == columns, so `right` is never read).
+template <typename T>
+struct WeightColumns {
+  const T* left;
+  const T* right;
+  int64_t split;  // columns [0, split) come from `left`, the rest from `right`
+  int64_t ld;     // row length of each part
+  __device__ __forceinline__ const T* at(int64_t row, int64_t column) const {
+    return column < split ? left + row * ld + column : right + row * ld + (column - split);
+  }
+};
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+inline int multiprocessor_count() {
+  int device = 0, count = 1;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 1;
+  }
+  return count;
+}
+
+// How many blocks share one token tile's output columns. A fused block must own a whole
+// latent tile, so with few tokens there are too few blocks to fill the GPU (the toy has 12
+// tiles of 32 tokens for 132 SMs). Splitting the output columns over `splits` blocks fills it,
+// at a price: each of them recomputes the tile's latent (`latent_work`). The model: time is
+// waves of blocks times one block's work; pick the cheapest split.
+inline int choose_column_splits(int64_t token_tiles, int64_t column_tiles, double latent_work,
+                                double column_tile_work) {
+  const int64_t slots = multiprocessor_count();
+  int best = 1;
+  double best_time = 0.0;
+  for (int64_t splits = 1; splits <= column_tiles && splits <= 64; ++splits) {
+    const double waves = double(ceil_div(token_tiles * splits, slots));
+    const double block = latent_work + column_tile_work * double(ceil_div(column_tiles, splits));
+    if (splits == 1 || waves * block < 0.999 * best_time) {
+      best = int(splits);
+      best_time = waves * block;
+    }
+  }
+  return best;
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KB that takes an opt-in), or
+// says cudaErrorInvalidValue when this GPU has less per block than that.
+template <typename Kernel>
+cudaError_t allow_shared_memory(Kernel kernel, size_t bytes) {
+  int device = 0, limit = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (err != cudaSuccess) return err;
+  if (bytes > size_t(limit)) return cudaErrorInvalidValue;
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
 using TypedLauncher = cudaError_t (*)(const MlaProblem&, cudaStream_t);
 
 // Picks the element type named by problem->dtype; `launch<T>` is the step's templated launcher.

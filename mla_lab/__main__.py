@@ -1,9 +1,10 @@
-"""python -m mla_lab doctor | check | grade | exercises | bench | kernelbench | notebooks"""
+"""python -m mla_lab doctor | check | grade | exercises | bench | results | kernelbench | notebooks"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
@@ -56,14 +57,49 @@ def exercises(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from . import bench as b, build, problem, steps
+    from . import build, sweep
 
     build.require_gpu()
-    shape = problem.preset(args.preset, args.batch, args.seq)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    kernels = {steps.get(k).label: steps.load(k) for k in args.steps or [s.number for s in steps.STEPS]}
-    print(f"{shape.label()} {args.dtype}, {args.mode} mode, on {b.device_line()}")
-    print(b.table(b.compare(kernels, shape, dtype, args.mode)))
+    command = args.command_line or " ".join(["python -m mla_lab", *sys.argv[1:]])
+    record = sweep.run(
+        args.steps or None, args.shapes or None, args.dtypes, args.modes,
+        peers=[] if args.no_peers else [p for p in sweep.PEERS if not (args.no_compile and p == "torch.compile")],
+        command=command,
+    )
+    path = Path(args.out) if args.out else sweep.sweep_path_for(record.meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(record.to_json() + "\n")
+    wrong = [r for r in record.results if r.status == "wrong"]
+    for r in wrong:
+        print(f"WRONG {r.name} {r.shape} {r.dtype}: {r.note}")
+    print(f"wrote {path} ({len(record.results)} results, {len(wrong)} wrong); "
+          "plots and the README table: python -m mla_lab results")
+    return 1 if wrong else 0
+
+
+def results(args: argparse.Namespace) -> int:
+    from . import plots, sweep
+
+    paths = [Path(p) for p in args.files] or sweep.committed_sweeps()
+    if not paths:
+        print("no results/*.json yet: run `python -m mla_lab bench` on a GPU first", file=sys.stderr)
+        return 2
+    readme = sweep.README.read_text()
+    table = sweep.results_table(sweep.Sweep.load(paths[0]))
+    updated = sweep.readme_with_table(readme, table)
+    if args.check:
+        if updated != readme:
+            print(f"README.md's results table is not the one {paths[0].name} gives: run `python -m mla_lab results`")
+            return 1
+        print(f"README.md's results table matches {paths[0].name}")
+        return 0
+    sweep.README.write_text(updated)
+    print(f"README.md: results table from {paths[0]}")
+    for path in paths:
+        for name, figure in plots.sweep_figures(sweep.Sweep.load(path)).items():
+            target = path.with_name(f"{path.stem}_{name}.png")
+            figure.savefig(target, dpi=110)
+            print(f"wrote {target}")
     return 0
 
 
@@ -86,6 +122,12 @@ def notebooks(args: argparse.Namespace) -> int:
         build.require_gpu()
     print("\n".join(execute_in_place()))
     return 0
+
+
+def _sweep_shapes() -> list[str]:
+    from .sweep import SHAPES
+
+    return list(SHAPES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,14 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="overwrite edited exercises")
     p.set_defaults(run=exercises)
 
-    p = sub.add_parser("bench", help="time steps beside eager and cuBLAS on one shape (GPU)")
-    p.add_argument("steps", nargs="*")
-    p.add_argument("--preset", default="toy")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--seq", type=int)
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--mode", default="graph", choices=["graph", "stream"])
+    p = sub.add_parser("bench", help="the benchmark sweep: every step and peer, checked and timed, to JSON (GPU)")
+    p.add_argument("steps", nargs="*", help="step numbers or names (default: all)")
+    p.add_argument("--shapes", nargs="*", metavar="SHAPE", help="sweep shapes (default: all): " + ", ".join(_sweep_shapes()))
+    p.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--modes", nargs="*", default=["graph", "stream"], choices=["graph", "stream"])
+    p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile peer")
+    p.add_argument("--no-peers", action="store_true", help="time the steps only")
+    p.add_argument("--out", help="JSON file to write (default: results/<device>.json)")
+    p.add_argument("--command-line", help=argparse.SUPPRESS)
     p.set_defaults(run=bench)
+
+    p = sub.add_parser("results", help="README results table and plots from results/*.json (CPU)")
+    p.add_argument("files", nargs="*", help="results JSON files (default: results/*.json; the first makes the README table)")
+    p.add_argument("--check", action="store_true", help="only check that README.md's table matches the JSON")
+    p.set_defaults(run=results)
 
     p = sub.add_parser("kernelbench", help="evaluate a KernelBench-style ModelNew file against Model (GPU)")
     p.add_argument("file", help="a .py file defining ModelNew (e.g. kernels/kernelbench_mla.py)")

@@ -62,3 +62,68 @@ def roofline(ceilings: dict[str, float], points: dict[str, tuple[float, float]],
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _ok(sweep, dtype: str, mode: str):
+    return [r for r in sweep.results if r.dtype == dtype and r.mode == mode and r.status == "ok"]
+
+
+def speed_vs_tokens(sweep, dtype: str, family: str = "v2_lite", mode: str = "graph"):
+    """Median time per call against tokens, one line per step and peer, from a sweep's JSON."""
+    rows = [r for r in _ok(sweep, dtype, mode) if r.shape.split("@")[0] == family]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for name in dict.fromkeys(r.name for r in rows):
+        points = sorted((r.tokens, r.median_us) for r in rows if r.name == name)
+        style = "-o" if name.startswith("step") else "--s"
+        ax.loglog([p[0] for p in points], [p[1] for p in points], style, label=name, markersize=4)
+    ax.set_xlabel("tokens (batch x sequence)")
+    ax.set_ylabel(f"median time per call, us ({mode} mode)")
+    meta = sweep.meta
+    ax.set_title(f"{family} {dtype} on {meta['device']}, {meta['date'][:10]}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def roofline_sweep(sweep, dtype: str, mode: str = "graph"):
+    """Every correct result of one dtype on the device's measured roofline."""
+    from .sweep import SHAPES, DTYPES
+
+    ceilings = sweep.meta["ceilings"]
+    peak_name = "bf16 matmul TFLOP/s" if dtype == "bf16" else "fp32 matmul TFLOP/s"
+    bandwidth = ceilings["copy TB/s"]
+    intensity = torch.logspace(0, 4, 200)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.loglog(intensity, torch.clamp(intensity * bandwidth, max=ceilings[peak_name]), "k-",
+              label=f"{peak_name.split(' TFLOP')[0]} {ceilings[peak_name]:.0f} TFLOP/s, copy {bandwidth:.1f} TB/s")
+    if dtype == "fp32":
+        tf32 = ceilings["tf32 matmul TFLOP/s"]
+        ax.loglog(intensity, torch.clamp(intensity * bandwidth, max=tf32), "k:", label=f"tf32 matmul {tf32:.0f} TFLOP/s")
+    rows = _ok(sweep, dtype, mode)
+    markers = "os^vD<>pP*hX"
+    for i, name in enumerate(dict.fromkeys(r.name for r in rows)):
+        xs, ys = [], []
+        for r in rows:
+            if r.name == name:
+                shape = SHAPES[r.shape]
+                xs.append(shape.flops() / shape.min_bytes(DTYPES[dtype]))
+                ys.append(r.tflops)
+        ax.loglog(xs, ys, markers[i % len(markers)], label=name, alpha=0.8)
+    ax.set_xlabel("arithmetic intensity, FLOP per byte of minimum traffic (one point per shape)")
+    ax.set_ylabel("achieved TFLOP/s (useful FLOPs)")
+    ax.set_title(f"{dtype}, {mode} mode, on {sweep.meta['device']} (ceilings measured in the same run)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def sweep_figures(sweep) -> dict[str, object]:
+    """The figures committed beside a results file: name -> matplotlib figure."""
+    figures = {}
+    for dtype in ("bf16", "fp32"):
+        if _ok(sweep, dtype, "graph"):
+            figures[f"speed_vs_tokens_{dtype}"] = speed_vs_tokens(sweep, dtype)
+            figures[f"roofline_{dtype}"] = roofline_sweep(sweep, dtype)
+    return figures

@@ -36,6 +36,7 @@ class Step:
     exercise: str | None = None  # "ex01", or None for a lecture-only step in kernels/
     max_rank: int | None = None  # launch limit on the latent width, if the step has one
     limit_reason: str = ""
+    fp32_math: str = "fp32"  # "tf32": fp32 inputs run on TF32 tensor cores (looser tolerance)
 
     @property
     def label(self) -> str:
@@ -68,11 +69,40 @@ STEPS = (
         max_rank=12288,
         limit_reason="the latent row must fit 48 KB of shared memory",
     ),
+    Step(
+        3,
+        "tiled",
+        "a block owns 32 tokens; weight slices in shared memory; register micro-tiles",
+        "ex03_tiled.cu",
+        exercise="ex03",
+        max_rank=640,
+        limit_reason="the fp32 latent tile of 32 tokens must fit the 99 KB of shared memory per block that Ada offers",
+    ),
+    Step(
+        4,
+        "vectorized",
+        "16-byte accesses, conflict-free shared memory, output columns split over blocks",
+        "04_vectorized.cu",
+        max_rank=640,
+        limit_reason="the fp32 latent tile of 32 tokens must fit the 99 KB of shared memory per block that Ada offers",
+    ),
+    Step(
+        5,
+        "tensor_cores",
+        "both GEMMs on mma.sync tensor cores (bf16; TF32 for fp32), latent tile as GEMM 2's A",
+        "ex04_tensor_cores.cu",
+        exercise="ex04",
+        max_rank=512,
+        limit_reason="the latent tile and two stages of both operands must fit the 99 KB of shared memory per block that Ada offers",
+        fp32_math="tf32",
+    ),
 )
 
 
 def get(key: int | str) -> Step:
-    """A step by number (2), name ("shared_latent"), "step2" or exercise id ("ex02")."""
+    """A step by number (2 or "2"), name ("shared_latent"), "step2" or exercise id ("ex02")."""
+    if isinstance(key, str) and key.isdigit():
+        key = int(key)
     for step in STEPS:
         if key in (step.number, step.name, f"step{step.number}", step.exercise):
             return step
@@ -101,6 +131,7 @@ class Kernel:
 
     def __init__(self, step: Step, source: Path, library: Path) -> None:
         self.step = step
+        self.fp32_math = step.fp32_math
         self.source = source
         self.library = library
         launcher = ctypes.CDLL(str(library)).mla_launch

@@ -10,10 +10,13 @@ import shutil
 import subprocess
 
 import pytest
+from torch.utils import cpp_extension
 
 from mla_lab.steps import EXERCISES_DIR, KERNELS_DIR, REPO, SOLUTIONS_DIR
 
 SOURCES = sorted([*KERNELS_DIR.glob("*.cu"), *SOLUTIONS_DIR.glob("*.cu"), *EXERCISES_DIR.glob("*.cu")])
+# torch's extension builds add these (no implicit half/bf16 conversions); compile as they do.
+TORCH_NVCC_DEFINES = [f for f in cpp_extension.COMMON_NVCC_FLAGS if f.startswith("-D")]
 ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]
 
 
@@ -35,7 +38,7 @@ def test_there_are_sources():
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
 def test_compiles_for_sm80_and_sm90_without_spills(source, tmp_path):
     result = subprocess.run(
-        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *ARCHS, "-Xptxas", "-v",
+        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *ARCHS, *TORCH_NVCC_DEFINES, "-Xptxas", "-v",
          str(source), "-o", str(tmp_path / "step.o")],
         capture_output=True, text=True,
     )

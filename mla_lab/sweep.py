@@ -1,0 +1,363 @@
+"""The benchmark suite: every step and peer over the toy to DeepSeek-V3, recorded as JSON.
+
+`python -m mla_lab bench` (or `make bench`) runs it on a GPU: for each shape and dtype it makes
+one set of inputs (several, rotated, where they fit the L2 cache), checks every contender against
+the float64 oracle on them, times the correct ones in graph and stream mode (mla_lab.bench), and
+writes results/<device>.json with the device, software, date, command and the ceilings measured
+in the same run. Plots (mla_lab.plots) and the README table (`python -m mla_lab results`) are
+made from that file and nothing else, so they cannot drift from the data.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import bench, check, layout, steps
+from .problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, oracle, reference
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "results"
+
+# Named sweep points: the toy, V2-Lite from decode-sized batches to 8192-token prefill, and V3
+# (the 16-head tensor-parallel slice and all 128 heads).
+SHAPES: dict[str, Shape] = {
+    "toy": TOY,
+    **{f"v2_lite@{n}": V2_LITE.with_tokens(1, n) for n in (128, 512, 2048, 4096, 8192)},
+    "v3_tp8@4096": V3_TP8.with_tokens(1, 4096),
+    "v3@4096": V3.with_tokens(1, 4096),
+    "v3@16384": V3.with_tokens(1, 16384),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PEERS = ("eager", "cuBLAS concat", "cuBLAS concat TF32", "torch.compile")
+
+# Steps 1 and 2 do work that grows with tokens x weights; past these estimates a call takes so
+# long that timing it would eat the sweep. Rates are what they sustained on the H200.
+SLOW_STEP_RATE = {
+    1: lambda s: s.tokens * 2 * s.width * s.d_model * s.rank / 2.0e12,  # redundant FMAs/s
+    2: lambda s: s.flops() / 2 / 3.0e12,  # useful FMAs/s with every weight re-read per token
+}
+MAX_CALL_SECONDS = 0.02
+
+
+@dataclass
+class Result:
+    name: str  # "step 5 (tensor_cores)" or a peer
+    shape: str  # a key of SHAPES
+    tokens: int
+    dtype: str
+    mode: str
+    status: str  # "ok", "wrong", "skipped" or "failed"
+    note: str = ""
+    median_us: float | None = None
+    p10_us: float | None = None
+    p90_us: float | None = None
+    samples: int = 0
+    rel_error: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None  # minimum bytes (mla_lab.problem.Shape.min_bytes) per second
+    floor_us: float | None = None  # max(FLOPs / peak, min bytes / copy bandwidth)
+    of_floor: float | None = None  # floor_us / median_us: 1.0 is the roofline
+
+
+@dataclass
+class Sweep:
+    meta: dict
+    results: list[Result] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps({"meta": self.meta, "results": [asdict(r) for r in self.results]}, indent=1)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Sweep:
+        data = json.loads(Path(path).read_text())
+        return cls(data["meta"], [Result(**r) for r in data["results"]])
+
+    def find(self, name: str, shape: str, dtype: str, mode: str = "graph") -> Result | None:
+        for r in self.results:
+            if (r.name, r.shape, r.dtype, r.mode) == (name, shape, dtype, mode):
+                return r
+        return None
+
+
+def driver_version() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def device_meta(command: str, ceilings: dict[str, float]) -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", 0),
+        "driver": driver_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "git_commit": git_commit(),
+        "ceilings": ceilings,
+    }
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200': the results file name."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower().removeprefix("nvidia").strip()).strip("_") or "gpu"
+
+
+def _peer_calls(inputs, heads: int, out: torch.Tensor, dtype: torch.dtype, compiled) -> dict[str, Callable]:
+    w_cat = layout.concat_weights(inputs.w_up_k, inputs.w_up_v)
+
+    def cublas(tf32: bool) -> Callable[[], torch.Tensor]:
+        def call() -> torch.Tensor:
+            previous = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            try:
+                return layout.concat_projection(inputs.hidden, inputs.w_down, w_cat, heads, out)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = previous
+
+        return call
+
+    calls = {
+        "eager": lambda: reference(*inputs, heads),
+        "cuBLAS concat": cublas(False),
+        "torch.compile": lambda: compiled(*inputs, heads),
+    }
+    if dtype == torch.float32:
+        calls["cuBLAS concat TF32"] = cublas(True)
+    return calls
+
+
+def _input_sets(shape: Shape, dtype: torch.dtype, seed: int) -> list:
+    """Enough input sets that cycling through them evicts the previous call's data from L2."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20) or 50 * 2**20
+    working = shape.min_bytes(dtype)
+    count = max(1, min(4, math.ceil(3 * l2 / max(working, 1))))
+    return [make_inputs(shape, dtype, "cuda", seed + i) for i in range(count)]
+
+
+def _tolerance(name: str, kernel: object, dtype: torch.dtype) -> float:
+    if name == "cuBLAS concat TF32":
+        return check.TF32_TOLERANCE
+    return check.tolerance(kernel, dtype)
+
+
+def _floor_us(shape: Shape, dtype: torch.dtype, ceilings: dict[str, float], tf32: bool) -> float:
+    peak = "bf16 matmul TFLOP/s" if dtype == torch.bfloat16 else (
+        "tf32 matmul TFLOP/s" if tf32 else "fp32 matmul TFLOP/s"
+    )
+    compute = shape.flops() / (ceilings[peak] * 1e12)
+    memory = shape.min_bytes(dtype) / (ceilings["copy TB/s"] * 1e12)
+    return max(compute, memory) * 1e6
+
+
+def run(
+    step_keys: Iterable[int | str] | None = None,
+    shape_names: Iterable[str] | None = None,
+    dtype_names: Iterable[str] = ("fp32", "bf16"),
+    modes: Iterable[str] = bench.MODES,
+    peers: Iterable[str] = PEERS,
+    command: str = "",
+    budget_s: float = 0.25,
+    progress: Callable[[str], None] | None = None,
+) -> Sweep:
+    """Check and time everything asked for on the current GPU; returns the whole record."""
+    chosen_steps = [steps.get(k) for k in step_keys] if step_keys else list(steps.STEPS)
+    chosen_shapes = list(shape_names) if shape_names else list(SHAPES)
+    for name in chosen_shapes:
+        if name not in SHAPES:
+            raise ValueError(f"no sweep shape {name!r}; the shapes are {', '.join(SHAPES)}")
+    modes, peers = list(modes), list(peers)
+    kernels = {s.label: steps.load(s.number) for s in chosen_steps}
+    compiled = torch.compile(reference, dynamic=True) if "torch.compile" in peers else None
+    ceilings = bench.measure_ceilings()
+    sweep = Sweep(device_meta(command, ceilings))
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    points = [(s, d) for s in chosen_shapes for d in dtype_names]
+    for index, (shape_name, dtype_name) in enumerate(points, 1):
+        shape, dtype = SHAPES[shape_name], DTYPES[dtype_name]
+        done = round(20 * (index - 1) / len(points))
+        say(f"[{'#' * done}{'.' * (20 - done)}] {index}/{len(points)} {shape_name} {dtype_name}: {shape.label()}")
+        sweep.results += _measure_point(
+            shape_name, shape, dtype_name, dtype, chosen_steps, kernels, peers, modes, compiled,
+            ceilings, budget_s, seed=index,
+        )
+        torch.cuda.empty_cache()
+    return sweep
+
+
+def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, peers, modes,
+                   compiled, ceilings, budget_s, seed) -> list[Result]:
+    sets = _input_sets(shape, dtype, seed)
+    expected = oracle(sets[0], shape.heads)
+    outs = [torch.empty(shape.out_shape, dtype=dtype, device="cuda") for _ in sets]
+    contenders: dict[str, tuple[object, list[Callable]]] = {}
+    results: list[Result] = []
+
+    def record(name: str, status: str, note: str = "", **values) -> None:
+        for mode in modes:
+            results.append(Result(name, shape_name, shape.tokens, dtype_name, mode, status, note, **values))
+
+    for step in chosen_steps:
+        kernel = kernels[step.label]
+        estimate = SLOW_STEP_RATE.get(step.number, lambda s: 0.0)(shape)
+        if estimate > MAX_CALL_SECONDS:
+            record(step.label, "skipped", f"about {estimate * 1e3:.0f} ms per call; not timed")
+            continue
+        if step.max_rank is not None and shape.rank > step.max_rank:
+            record(step.label, "skipped", f"rank {shape.rank} is past the step's limit")
+            continue
+        contenders[step.label] = (kernel, [
+            (lambda i=i, o=o: kernel(*i, shape.heads, out=o)) for i, o in zip(sets, outs)
+        ])
+    for name in peers:
+        calls = [_peer_calls(i, shape.heads, o, dtype, compiled).get(name) for i, o in zip(sets, outs)]
+        if calls[0] is not None:
+            contenders[name] = (None, calls)
+
+    for name, (kernel, calls) in contenders.items():
+        try:
+            got = calls[0]()
+            torch.cuda.synchronize()
+        except Exception as error:  # a peer or step that cannot run here is recorded, not fatal
+            record(name, "failed", f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            continue
+        verdict = check.compare(got, expected, dtype, shape, _tolerance(name, kernel, dtype))
+        del got
+        if not verdict.ok:
+            record(name, "wrong", verdict.problem, rel_error=verdict.rel_error)
+            continue
+        tf32 = name == "cuBLAS concat TF32" or getattr(kernel, "fp32_math", "") == "tf32"
+        floor = _floor_us(shape, dtype, ceilings, tf32)
+        for mode in modes:
+            try:
+                t = bench.time_fn(calls, mode, name, shape.flops(), budget_s=budget_s)
+            except Exception as error:
+                results.append(Result(name, shape_name, shape.tokens, dtype_name, mode, "failed",
+                                      f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"))
+                continue
+            results.append(Result(
+                name, shape_name, shape.tokens, dtype_name, mode, "ok",
+                median_us=t.median_us, p10_us=t.low_us, p90_us=t.high_us, samples=t.samples,
+                rel_error=verdict.rel_error, tflops=t.tflops,
+                gbps=shape.min_bytes(dtype) / (t.median_us * 1e-6) / 1e9,
+                floor_us=floor, of_floor=floor / t.median_us,
+            ))
+    # Checked again after timing: a kernel whose output changed while it was timed is wrong.
+    for name, (kernel, calls) in contenders.items():
+        if kernel is None or not any(r.name == name and r.status == "ok" for r in results):
+            continue
+        verdict = check.compare(calls[0](), expected, dtype, shape, _tolerance(name, kernel, dtype))
+        if not verdict.ok:
+            for r in results:
+                if r.name == name:
+                    r.status, r.note = "wrong", f"after timing: {verdict.problem}"
+    return results
+
+
+# ---- the README table, from the JSON ------------------------------------------------------
+
+README = REPO / "README.md"
+TABLE_BEGIN = "<!-- results table: generated by `python -m mla_lab results`; do not edit -->"
+TABLE_END = "<!-- end of results table -->"
+# (shape, dtype, which fp32 steps compete): fp32 rows compare exact-fp32 steps with fp32 peers;
+# the "tf32" row compares the TF32 step with cuBLAS allowed TF32.
+TABLE_POINTS = (
+    ("toy", "fp32", "fp32"), ("toy", "bf16", None), ("v2_lite@4096", "bf16", None),
+    ("v2_lite@8192", "bf16", None), ("v3_tp8@4096", "bf16", None), ("v3@16384", "bf16", None),
+    ("v2_lite@4096", "fp32", "fp32"), ("v2_lite@4096", "fp32", "tf32"),
+)
+
+
+def best_step(sweep: Sweep, shape: str, dtype: str, mode: str, fp32_math: str | None = None) -> Result | None:
+    """The fastest correct course step at one point (optionally only fp32-exact or TF32 ones)."""
+    candidates = []
+    for r in sweep.results:
+        if (r.shape, r.dtype, r.mode, r.status) != (shape, dtype, mode, "ok") or not r.name.startswith("step"):
+            continue
+        if fp32_math is not None and dtype == "fp32":
+            number = int(r.name.split()[1])
+            if steps.get(number).fp32_math != fp32_math:
+                continue
+        candidates.append(r)
+    return min(candidates, key=lambda r: r.median_us, default=None)
+
+
+def results_table(sweep: Sweep, mode: str = "graph") -> str:
+    meta = sweep.meta
+    lines = [
+        f"Measured on {meta['device']} (sm_{meta['compute_capability'].replace('.', '')}, driver "
+        f"{meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}) on {meta['date'][:10]}, "
+        f"commit {meta['git_commit']}, by `{meta['command']}`; {mode} mode, median µs.",
+        "",
+        "| shape | dtype | best step | µs | eager µs | cuBLAS concat µs | torch.compile µs | vs eager | vs cuBLAS | of roofline floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def us(r: Result | None) -> str:
+        return f"{r.median_us:,.1f}" if r and r.status == "ok" else "–"
+
+    for shape, dtype, math_kind in TABLE_POINTS:
+        best = best_step(sweep, shape, dtype, mode, math_kind)
+        eager = sweep.find("eager", shape, dtype, mode)
+        cublas_name = "cuBLAS concat TF32" if math_kind == "tf32" else "cuBLAS concat"
+        cublas = sweep.find(cublas_name, shape, dtype, mode)
+        compiled = sweep.find("torch.compile", shape, dtype, mode)
+        label = f"{dtype}" + (" (TF32)" if math_kind == "tf32" else "")
+        if best is None:
+            lines.append(f"| {shape} | {label} | – | – | {us(eager)} | {us(cublas)} | {us(compiled)} | | | |")
+            continue
+
+        def ratio(peer: Result | None) -> str:
+            return f"{peer.median_us / best.median_us:.2f}x" if peer and peer.status == "ok" else "–"
+
+        lines.append(
+            f"| {shape} | {label} | {best.name} | {us(best)} | {us(eager)} | {us(cublas)} | "
+            f"{us(compiled)} | {ratio(eager)} | {ratio(cublas)} | {best.of_floor:.0%} |"
+        )
+    lines.append("")
+    lines.append(f"cuBLAS concat in the TF32 row is cuBLAS with TF32 allowed. Every number is in "
+                 f"[{sweep_path_for(meta).relative_to(REPO)}]({sweep_path_for(meta).relative_to(REPO)}).")
+    return "\n".join(lines)
+
+
+def sweep_path_for(meta: dict) -> Path:
+    return RESULTS_DIR / f"{device_slug(meta['device'])}.json"
+
+
+def readme_with_table(readme: str, table: str) -> str:
+    if TABLE_BEGIN not in readme or TABLE_END not in readme:
+        raise ValueError(f"README.md has no results-table markers ({TABLE_BEGIN!r} ... {TABLE_END!r})")
+    head, rest = readme.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    return f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}"
+
+
+def committed_sweeps() -> list[Path]:
+    return sorted(RESULTS_DIR.glob("*.json"))
