@@ -236,10 +236,10 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         contenders[step.label] = (kernel, [
             (lambda i=i, o=o: kernel(*i, shape.heads, out=o)) for i, o in zip(sets, outs)
         ])
+    peer_sets = [_peer_calls(i, shape.heads, o, dtype, compiled) for i, o in zip(sets, outs)]
     for name in peers:
-        calls = [_peer_calls(i, shape.heads, o, dtype, compiled).get(name) for i, o in zip(sets, outs)]
-        if calls[0] is not None:
-            contenders[name] = (None, calls)
+        if name in peer_sets[0]:  # "cuBLAS concat TF32" exists for fp32 only
+            contenders[name] = (None, [calls[name] for calls in peer_sets])
 
     for name, (kernel, calls) in contenders.items():
         try:
