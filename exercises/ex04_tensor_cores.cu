@@ -8,9 +8,11 @@
 // - Each warp computes a 32 x 32 (or 16 x 16) block of results with mma.sync: m16n8k16 for bf16,
 //   m16n8k8 for TF32. Operands come from shared memory; bf16 ones through ldmatrix (.trans for B,
 //   whose rows are k). Rows are padded by 16 or 32 bytes so these reads hit 32 distinct banks.
-// - Weight slices arrive by cp.async into two buffers, so the next slice loads while the tensor
-//   cores work on this one. Tails, misaligned views and runs across the k|v boundary are staged
-//   by ordinary loads instead (zeros past the edges), so every shape stays correct.
+// - Slices 128 bytes deep arrive by cp.async into a ring of as many buffers as the GPU's shared
+//   memory holds beside the latent tile (2 on Ada, up to 8 on Hopper): while the tensor cores
+//   work on one slice, the next ones are already in flight, and one barrier per slice suffices.
+//   Tails, misaligned views and runs across the k|v boundary are staged by ordinary loads
+//   instead (zeros past the edges), so every shape stays correct.
 // - The latent tile is stored once in shared memory (bf16 for bf16 inputs, rounded as eager
 //   rounds its latent; fp32 for fp32) and GEMM 2 reads its A fragments straight from there.
 // - The epilogue stages each output tile in shared memory, then writes whole 16-byte runs of the
@@ -22,7 +24,7 @@
 //
 // fp32 inputs run in TF32 (unit roundoff 2^-11 instead of 2^-24): mla_lab.check holds this step
 // to 1e-3 on fp32 inputs instead of 1e-5. Launch limit: rank <= 512 (the latent tile and
-// two stages of both operands must fit the 99 KB per block that Ada offers).
+// two stages must fit the 99 KB per block that Ada offers; there, only with the small tile).
 #include <stdint.h>
 
 #include "mla_common.cuh"
@@ -38,9 +40,18 @@ __device__ __forceinline__ void copy_async_16(void* dst, const void* src) {
                : "memory");
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most one group (the slice being prefetched) is still in flight.
-__device__ __forceinline__ void wait_for_older_copies() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+// Waits until at most `pending` groups (the slices being prefetched) are still in flight.
+// wait_group takes an immediate, hence the switch.
+__device__ __forceinline__ void wait_for_copies(int pending) {
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+  }
 }
 
 __device__ __forceinline__ bool aligned16(const void* p) {
@@ -126,19 +137,31 @@ struct Config {
   using Core = TensorCore<T>;
   static constexpr int kTokens = kTokens_, kColumns = kColumns_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kSlice = 64 / sizeof(T);  // depth of one staged slice: 64 bytes per row
+  static constexpr int kSlice = 128 / sizeof(T);  // depth of one staged slice: 128 bytes per row
   static constexpr int kWarpRows = kTokens / kWarpsM, kWarpColumns = kColumns / kWarpsN;
   static constexpr int kTilesM = kWarpRows / 16, kTilesN = kWarpColumns / 8;
   static constexpr int kVector = 16 / sizeof(T);
   static constexpr int kStrideA = kSlice + Core::kPadA;
   static constexpr int kStrideB = kColumns + Core::kPadB;
+  static constexpr int kMinStages = 2, kMaxStages = 8;
   static_assert(kTilesN % 2 == 0, "B fragments are loaded in pairs of 8-wide tiles");
-  static_assert(kTokens <= 2 * kSlice, "the output tile reuses the two B stages");
+  static_assert(kTokens <= kMinStages * kSlice, "the output tile reuses the B stages");
 
   __host__ __device__ static int64_t latent_columns(int64_t rank) { return mla::round_up(rank, kColumns); }
-  static size_t shared_bytes(int64_t rank) {
-    return sizeof(T) * size_t(kTokens * (latent_columns(rank) + Core::kPadA) +
-                              2 * kTokens * kStrideA + 2 * kSlice * kStrideB);
+  static size_t latent_bytes(int64_t rank) { return sizeof(T) * size_t(kTokens * (latent_columns(rank) + Core::kPadA)); }
+  static size_t stage_bytes() { return sizeof(T) * size_t(kTokens * kStrideA + kSlice * kStrideB); }
+  static size_t shared_bytes(int64_t rank, int stages) { return latent_bytes(rank) + stages * stage_bytes(); }
+  // As many stages as this GPU's shared memory holds beside the latent tile (Ada: 2 at rank 512;
+  // A100 and H100: more), or 0 if not even kMinStages fit.
+  static int stages_that_fit(int64_t rank) {
+    int device = 0, limit = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      return 0;
+    }
+    const int64_t room = int64_t(limit) - int64_t(latent_bytes(rank));
+    const int64_t stages = room < 0 ? 0 : room / int64_t(stage_bytes());
+    return stages < kMinStages ? 0 : int(stages < kMaxStages ? stages : kMaxStages);
   }
 };
 
@@ -173,7 +196,7 @@ __device__ __forceinline__ void stage(T* dst, int stride, Source source, Inside 
 template <class C, bool kFromLatent, typename T>
 __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const Problem<T>& p,
                                 int64_t token0, int64_t n0, const T* latent, int latent_stride,
-                                T* a_stages, T* b_stages) {
+                                T* a_stages, T* b_stages, int stages) {
   using Core = typename C::Core;
   const mla::WeightColumns<T> weights = kFromLatent ? p.up : p.down;
   const int64_t depth = kFromLatent ? p.rank : p.d_model;
@@ -200,19 +223,32 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const P
     commit_copies();
   };
 
+  // A ring of `stages` buffers: slices s + 1 .. s + stages - 1 are in flight while slice s is
+  // multiplied. Every iteration commits one group (empty past the last slice), so "all but the
+  // newest stages - 2 groups are done" always means "slice s has landed".
   const int64_t slices = mla::ceil_div(depth, C::kSlice);
-  stage_slice(0, 0);
-  for (int64_t s = 0; s < slices; ++s) {
-    if (s + 1 < slices) {
-      stage_slice((s + 1) * C::kSlice, (s + 1) % 2);
+  for (int i = 0; i < stages - 1; ++i) {
+    if (i < slices) {
+      stage_slice(i * C::kSlice, i);
     } else {
-      commit_copies();  // an empty group keeps "all but the newest group" meaning this slice
+      commit_copies();
     }
-    wait_for_older_copies();
-    __syncthreads();  // this slice, from every thread's copies, is in shared memory
-    const T* a_tile = kFromLatent ? latent + s * C::kSlice : a_stages + (s % 2) * C::kTokens * C::kStrideA;
+  }
+  for (int64_t s = 0; s < slices; ++s) {
+    wait_for_copies(stages - 2);
+    // Slice s, from every thread's copies, is in shared memory, and every warp is done with
+    // slice s - 1, whose buffer is refilled next.
+    __syncthreads();
+    const int64_t next = s + stages - 1;
+    if (next < slices) {
+      stage_slice(next * C::kSlice, int(next % stages));
+    } else {
+      commit_copies();
+    }
+    const int buffer = int(s % stages);
+    const T* a_tile = kFromLatent ? latent + s * C::kSlice : a_stages + buffer * C::kTokens * C::kStrideA;
     const int a_stride = kFromLatent ? latent_stride : C::kStrideA;
-    const T* b_tile = b_stages + (s % 2) * C::kSlice * C::kStrideB;
+    const T* b_tile = b_stages + buffer * C::kSlice * C::kStrideB;
 #pragma unroll
     for (int ks = 0; ks < C::kSlice; ks += Core::kDepth) {
       uint32_t a[C::kTilesM][4], b[C::kTilesN][2];
@@ -231,8 +267,8 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const P
         for (int tn = 0; tn < C::kTilesN; ++tn) Core::mma(acc[tm][tn], a[tm], b[tn]);
       }
     }
-    __syncthreads();  // done reading this buffer before it is refilled two slices from now
   }
+  __syncthreads();  // every warp is done with the buffers before the next tile refills them
 }
 
 // Two adjacent results of one row, rounded to T: into shared memory.
@@ -261,18 +297,18 @@ __device__ __forceinline__ void for_each_pair(const float (&acc)[C::kTilesM][C::
 }
 
 template <class C, typename T>
-__global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(Problem<T> p) {
+__global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(Problem<T> p, int stages) {
   extern __shared__ float4 shared_vectors[];  // float4: every region below starts 16-byte aligned
   T* latent = reinterpret_cast<T*>(shared_vectors);
   const int latent_stride = int(C::latent_columns(p.rank)) + C::Core::kPadA;
   T* a_stages = latent + C::kTokens * latent_stride;
-  T* b_stages = a_stages + 2 * C::kTokens * C::kStrideA;
+  T* b_stages = a_stages + stages * C::kTokens * C::kStrideA;
   const int64_t token0 = int64_t(blockIdx.x) * C::kTokens;
 
   // GEMM 1 into the latent tile, kColumns latent columns at a time (columns past rank are 0).
   for (int64_t n0 = 0; n0 < C::latent_columns(p.rank); n0 += C::kColumns) {
     float acc[C::kTilesM][C::kTilesN][4] = {};
-    accumulate_tile<C, false>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages);
+    accumulate_tile<C, false>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages, stages);
     for_each_pair<C>(acc, [&](int row, int column, float x, float y) {
       store_pair(latent + row * latent_stride + n0 + column, x, y);
     });
@@ -283,8 +319,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(Problem<T> 
   for (int64_t n0 = blockIdx.y * int64_t(C::kColumns); n0 < p.columns;
        n0 += gridDim.y * int64_t(C::kColumns)) {
     float acc[C::kTilesM][C::kTilesN][4] = {};
-    accumulate_tile<C, true>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages);
-    T* out_tile = b_stages;  // kTokens x kStrideB; both B stages are free after the last slice
+    accumulate_tile<C, true>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages, stages);
+    T* out_tile = b_stages;  // kTokens x kStrideB; the B stages are free after the last slice
     // TODO(ex04): write the stacked output tile: put each result pair (for_each_pair, store_pair) into out_tile, wait for the whole block, then copy out_tile to p.out row by row in 16-byte runs (C::kVector elements) where the run is inside the output and aligned, element by element where not; wait again before out_tile is reused
     MLA_NOT_IMPLEMENTED();
   }
@@ -292,7 +328,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(Problem<T> 
 
 template <class C, typename T>
 cudaError_t launch_config(const Problem<T>& p, cudaStream_t stream) {
-  const size_t shared_bytes = C::shared_bytes(p.rank);
+  const int stages = C::stages_that_fit(p.rank);
+  if (stages == 0) return cudaErrorInvalidValue;
+  const size_t shared_bytes = C::shared_bytes(p.rank, stages);
   const cudaError_t err = mla::allow_shared_memory(tensor_core_kernel<C, T>, shared_bytes);
   if (err != cudaSuccess) return err;
   const int64_t token_tiles = mla::ceil_div(p.tokens, C::kTokens);
@@ -300,7 +338,7 @@ cudaError_t launch_config(const Problem<T>& p, cudaStream_t stream) {
       token_tiles, mla::ceil_div(p.columns, C::kColumns),
       double(p.d_model) * double(C::latent_columns(p.rank)), double(p.rank) * C::kColumns);
   tensor_core_kernel<C, T><<<dim3(unsigned(token_tiles), unsigned(splits)), C::kThreads,
-                             shared_bytes, stream>>>(p);
+                             shared_bytes, stream>>>(p, stages);
   return cudaGetLastError();
 }
 
@@ -318,10 +356,13 @@ cudaError_t launch(const MlaProblem& raw, cudaStream_t stream) {
                      {static_cast<const T*>(raw.w_up_k), static_cast<const T*>(raw.w_up_v), width, width},
                      static_cast<T*>(raw.out),
                      raw.tokens, raw.d_model, raw.rank, 2 * width};
-  // The big tile only when, split to the full, it still gives every SM a block.
+  // The big tile only when, split to the full, it still gives every SM a block, and when this
+  // GPU's shared memory holds its latent tile beside two stages (not on Ada at rank 512).
   const int64_t big_tile_blocks = mla::ceil_div(p.tokens, LargeTile<T>::kTokens) *
                                   mla::ceil_div(p.columns, LargeTile<T>::kColumns);
-  if (big_tile_blocks >= mla::multiprocessor_count()) return launch_config<LargeTile<T>>(p, stream);
+  if (big_tile_blocks >= mla::multiprocessor_count() && LargeTile<T>::stages_that_fit(p.rank) > 0) {
+    return launch_config<LargeTile<T>>(p, stream);
+  }
   return launch_config<SmallTile<T>>(p, stream);
 }
 

@@ -25,6 +25,13 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 TF32_TOLERANCE = 1e-3
 
 
+def tf32_round(t: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to TF32 (10-bit mantissa, nearest, ties away from zero), as
+    cvt.rna.tf32.f32 rounds the operands of a TF32 tensor-core instruction."""
+    bits = t.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
 def tolerance(fn: object, dtype: torch.dtype) -> float:
     if dtype == torch.float32 and getattr(fn, "fp32_math", "fp32") == "tf32":
         return TF32_TOLERANCE
@@ -47,10 +54,13 @@ SHAPE_MATRIX: tuple[Shape, ...] = (
     Shape(1, 300, 520, 132, 7, 19),
     V2_LITE.with_tokens(1, 8),
     V3.with_tokens(1, 2),
+    Shape(1, 130, 64, 136, 2, 64),  # step 6: two blocks share a latent tile; a token tail
+    Shape(1, 8500, 64, 264, 2, 64),  # step 6: 67 token tiles, so each block computes 3 latent tiles
 )
 
-# Small, odd shapes for slow checkers (compute-sanitizer): one token, odd sizes, rank 1, hd 1, D 1.
-QUICK_SHAPES = SHAPE_MATRIX[1:7]
+# Small shapes for slow checkers (compute-sanitizer): one token, odd sizes, rank 1, hd 1, D 1,
+# and one that takes step 6's cluster path.
+QUICK_SHAPES = (*SHAPE_MATRIX[1:7], SHAPE_MATRIX[14])
 
 
 @dataclass
@@ -203,6 +213,16 @@ def check_matrix(
         check(fn, shape, dtype, device, trials, seed=base + 1000 * i)
         for i, (shape, dtype) in enumerate((s, d) for s in shapes for d in dtypes)
     ]
+
+
+def summary(verdicts: list[Verdict]) -> str:
+    """One line: how many checks passed, and the worst error per dtype."""
+    worst = {}
+    for v in verdicts:
+        name = dtype_name(v.dtype)
+        worst[name] = max(worst.get(name, 0.0), v.rel_error)
+    errors = ", ".join(f"{error:.1e} {name}" for name, error in worst.items())
+    return f"{sum(v.ok for v in verdicts)}/{len(verdicts)} checks passed, worst rel. error {errors}"
 
 
 def _fresh_seed() -> int:

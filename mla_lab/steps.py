@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,13 @@ class Step:
     max_rank: int | None = None  # launch limit on the latent width, if the step has one
     limit_reason: str = ""
     fp32_math: str = "fp32"  # "tf32": fp32 inputs run on TF32 tensor cores (looser tolerance)
+    # nvcc -gencode flags for a step built only for some GPUs; empty means the GPU in use.
+    arch_flags: tuple[str, ...] = ()
+    # A step with a fast path for some inputs only: `applies(hidden, w_down, w_up_k, w_up_v, out)`
+    # says whether they take it; all other inputs run the `fallback` step's kernel.
+    applies: Callable[..., bool] | None = None
+    fallback: int | None = None
+    fast_path: str = ""  # what `applies` requires, in words
 
     @property
     def label(self) -> str:
@@ -56,6 +64,24 @@ class Step:
                 f"{self.label} takes rank <= {self.max_rank} ({self.limit_reason}), got rank={rank}; "
                 "use another step for this shape"
             )
+
+
+HOPPER_ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)  # wgmma needs the "a" target
+
+
+def _hopper_applies(hidden, w_down, w_up_k, w_up_v, out) -> bool:
+    """Mirrors the checks at the top of kernels/06_hopper.cu's mla_launch."""
+    tensors = [hidden, w_down, w_up_k, w_up_v] + ([] if out is None else [out])
+    return (
+        hidden.is_cuda
+        and hidden.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(hidden.device) == (9, 0)
+        and hidden.dim() == 3 and w_down.dim() == 2 and w_up_k.dim() == 2
+        and hidden.shape[-1] % 8 == 0
+        and w_down.shape[-1] % 8 == 0
+        and w_up_k.shape[-1] % 64 == 0
+        and all(t.data_ptr() % 16 == 0 for t in tensors)
+    )
 
 
 STEPS = (
@@ -96,6 +122,19 @@ STEPS = (
         limit_reason="the latent tile and two stages of both operands must fit the 99 KB of shared memory per block that Ada offers",
         fp32_math="tf32",
     ),
+    Step(
+        6,
+        "hopper",
+        "wgmma fed by TMA; a cluster of blocks shares each latent tile through distributed shared memory",
+        "06_hopper.cu",
+        max_rank=512,
+        limit_reason="the bf16 latent tile of 128 tokens must fit next to three 32 KB load stages in the 227 KB of shared memory per block",
+        fp32_math="tf32",
+        arch_flags=HOPPER_ARCH_FLAGS,
+        applies=_hopper_applies,
+        fallback=5,
+        fast_path="bf16 on an sm_90 GPU, d_model and rank multiples of 8, heads*head_dim a multiple of 64, 16-byte aligned tensors",
+    ),
 )
 
 
@@ -134,9 +173,9 @@ class Kernel:
         self.fp32_math = step.fp32_math
         self.source = source
         self.library = library
-        launcher = ctypes.CDLL(str(library)).mla_launch
-        self._launcher_address = ctypes.cast(launcher, ctypes.c_void_p).value
+        self._launcher_address = _launcher_address(library)
         self._project = build.binding()
+        self._fallback = load(step.fallback) if step.fallback else None
 
     def __call__(
         self,
@@ -150,17 +189,26 @@ class Kernel:
         """The stacked (B, S, 2, H, hd) projection; writes into `out` when one is given."""
         if w_down.dim() == 2:
             self.step.check_limits(w_down.shape[1])
-        return self._project(
-            self._launcher_address, self.step.label, hidden, w_down, w_up_k, w_up_v, heads, out
-        )
+        launcher = self._launcher_address
+        if not self.takes_fast_path(hidden, w_down, w_up_k, w_up_v, out):
+            launcher = self._fallback._launcher_address  # errors still name this step
+        return self._project(launcher, self.step.label, hidden, w_down, w_up_k, w_up_v, heads, out)
+
+    def takes_fast_path(self, hidden, w_down, w_up_k, w_up_v, out=None) -> bool:
+        """Whether these inputs run this step's own kernel rather than its fallback step's."""
+        return self._fallback is None or self.step.applies(hidden, w_down, w_up_k, w_up_v, out)
 
     def __repr__(self) -> str:
         return f"<Kernel {self.step.label} from {self.source.relative_to(REPO)}>"
+
+
+def _launcher_address(library: Path) -> int:
+    return ctypes.cast(ctypes.CDLL(str(library)).mla_launch, ctypes.c_void_p).value
 
 
 def load(key: int | str | Step, variant: str = "solution") -> Kernel:
     """Build (if its source changed) and load one step. Rebuilding in the same process is fine."""
     step = key if isinstance(key, Step) else get(key)
     source = step.source(variant)
-    library = build.build_step(source, f"mla_{source.stem}_{variant if step.exercise else 'lecture'}")
-    return Kernel(step, source, library)
+    name = f"mla_{source.stem}_{variant if step.exercise else 'lecture'}"
+    return Kernel(step, source, build.build_step(source, name, step.arch_flags))

@@ -233,6 +233,9 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         if step.max_rank is not None and shape.rank > step.max_rank:
             record(step.label, "skipped", f"rank {shape.rank} is past the step's limit")
             continue
+        if not kernel.takes_fast_path(*sets[0], out=outs[0]):
+            record(step.label, "skipped", f"runs step {step.fallback}'s kernel here; its own takes {step.fast_path}")
+            continue
         contenders[step.label] = (kernel, [
             (lambda i=i, o=o: kernel(*i, shape.heads, out=o)) for i, o in zip(sets, outs)
         ])
@@ -344,6 +347,60 @@ def results_table(sweep: Sweep, mode: str = "graph") -> str:
     lines.append("")
     lines.append(f"cuBLAS concat in the TF32 row is cuBLAS with TF32 allowed. Every number is in "
                  f"[{sweep_path_for(meta).relative_to(REPO)}]({sweep_path_for(meta).relative_to(REPO)}).")
+    return "\n".join(lines)
+
+
+@dataclass
+class Target:
+    goal: str
+    measured: str
+    met: bool | None  # None: not measured in this sweep
+
+
+def targets(sweep: Sweep, mode: str = "graph") -> list[Target]:
+    """The performance targets of the fast-kernels issue, judged on one sweep's numbers."""
+
+    def at(name, shape, dtype):
+        r = sweep.find(name, shape, dtype, mode)
+        return r if r is not None and r.status == "ok" else None
+
+    report = []
+
+    def absolute(shape, dtype, limit_us, fp32_math=None):
+        best = best_step(sweep, shape, dtype, mode, fp32_math)
+        eager = at("eager", shape, dtype)
+        goal = f"{shape} {dtype}: best step <= {limit_us} us"
+        if best is None:
+            report.append(Target(goal, "not measured", None))
+            return
+        versus = f", {eager.median_us / best.median_us:.1f}x eager" if eager else ""
+        report.append(Target(goal, f"{best.name} {best.median_us:.1f} us{versus}", best.median_us <= limit_us))
+
+    def relative(shape, dtype, peer, factor, fp32_math=None, label=None):
+        best, other = best_step(sweep, shape, dtype, mode, fp32_math), at(peer, shape, dtype)
+        goal = f"{shape} {label or dtype}: best step >= {factor}x {peer}"
+        if best is None or other is None:
+            report.append(Target(goal, "not measured", None))
+            return
+        ratio = other.median_us / best.median_us
+        report.append(Target(goal, f"{best.name} {best.median_us:,.1f} us vs {other.median_us:,.1f} us: {ratio:.2f}x (rel. error {best.rel_error:.0e})", ratio >= factor))
+
+    absolute("toy", "fp32", 3.0)
+    absolute("toy", "bf16", 2.5)
+    for shape in ("v2_lite@4096", "v2_lite@8192", "v3_tp8@4096"):
+        relative(shape, "bf16", "cuBLAS concat", 1.1)
+    relative("v3@16384", "bf16", "cuBLAS concat", 1.0)
+    relative("v3@16384", "bf16", "eager", 1.5)
+    relative("v2_lite@4096", "fp32", "cuBLAS concat", 0.9, "fp32", "fp32 (FFMA steps)")
+    relative("v2_lite@4096", "fp32", "cuBLAS concat TF32", 1.0, "tf32", "fp32 (TF32 steps)")
+    return report
+
+
+def targets_table(sweep: Sweep, mode: str = "graph") -> str:
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for t in targets(sweep, mode):
+        verdict = "not measured" if t.met is None else ("yes" if t.met else "**no**")
+        lines.append(f"| {t.goal} | {t.measured} | {verdict} |")
     return "\n".join(lines)
 
 

@@ -104,13 +104,27 @@ def test_a_wrong_out_is_rejected(kernel):
         kernel(*inputs, TOY.heads, out=torch.empty(TOY.out_shape, device="cuda", dtype=torch.bfloat16))
 
 
-def test_step2_rejects_a_rank_beyond_its_shared_memory_limit():
-    kernel = steps.load("shared_latent")
-    shape = Shape(1, 2, 8, kernel.step.max_rank + 1, 1, 4)
-    with pytest.raises(ValueError, match="rank <= 12288"):
-        kernel(*make_inputs(shape, torch.float32, "cuda"), 1)
-    at_limit = Shape(1, 2, 8, kernel.step.max_rank, 1, 4)
-    assert check.check(kernel, at_limit, torch.float32, "cuda", trials=1).ok
+def test_a_rank_beyond_the_launch_limit_is_rejected_naming_it(kernel):
+    limit = kernel.step.max_rank
+    if limit is None:
+        pytest.skip(f"{kernel.step.label} has no launch limit")
+    past = Shape(1, 2, 8, limit + 8, 1, 64)
+    with pytest.raises(ValueError, match=f"{kernel.step.label} takes rank <= {limit}"):
+        kernel(*make_inputs(past, torch.bfloat16, "cuda"), 1)
+    at_limit = Shape(1, 2, 8, limit, 1, 64)
+    assert check.check(kernel, at_limit, torch.bfloat16, "cuda", trials=1).ok
+
+
+def test_step6_takes_its_wgmma_path_where_it_applies():
+    kernel = steps.load("hopper")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("step 6's wgmma path needs an sm_90 GPU; elsewhere it runs step 5")
+    fast = [s for s in check.SHAPE_MATRIX if kernel.takes_fast_path(*make_inputs(s, torch.bfloat16, "cuda"))]
+    # the toy, one token, V2-Lite, V3, a cluster of two, several latent tiles per block, ...
+    assert len(fast) >= 8, [s.label() for s in fast]
+    assert not kernel.takes_fast_path(*make_inputs(TOY, torch.float32, "cuda"))
+    for shape in fast:
+        assert check.check(kernel, shape, torch.bfloat16, "cuda", trials=1).ok
 
 
 @pytest.mark.parametrize("exercise", [s.exercise for s in steps.exercises()])
@@ -121,7 +135,8 @@ def test_every_solution_grades_correct(exercise):
 
 def test_outputs_beyond_2_31_elements_are_indexed_correctly(kernel):
     # 2 * 128 outputs per token: token 2**23 starts exactly at element 2**31 of the output
-    shape = Shape(1, 2**23 + 3, 8, 4, 4, 32)
+    # (rank 8: step 6 takes its own path in bf16)
+    shape = Shape(1, 2**23 + 3, 8, 8, 4, 32)
     assert shape.tokens * 2 * shape.width > 2**31
     inputs = make_inputs(shape, torch.bfloat16, "cuda")
     out = torch.full(shape.out_shape, float("nan"), dtype=torch.bfloat16, device="cuda")

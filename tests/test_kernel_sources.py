@@ -12,12 +12,14 @@ import subprocess
 import pytest
 from torch.utils import cpp_extension
 
-from mla_lab.steps import EXERCISES_DIR, KERNELS_DIR, REPO, SOLUTIONS_DIR
+from mla_lab.steps import EXERCISES_DIR, KERNELS_DIR, REPO, SOLUTIONS_DIR, STEPS
 
 SOURCES = sorted([*KERNELS_DIR.glob("*.cu"), *SOLUTIONS_DIR.glob("*.cu"), *EXERCISES_DIR.glob("*.cu")])
 # torch's extension builds add these (no implicit half/bf16 conversions); compile as they do.
 TORCH_NVCC_DEFINES = [f for f in cpp_extension.COMMON_NVCC_FLAGS if f.startswith("-D")]
 ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]
+# A step built only for some GPUs (step 6: sm_90a) is compiled for exactly those.
+ARCHS_OF = {step.filename: list(step.arch_flags) for step in STEPS if step.arch_flags}
 
 
 def nvcc() -> str:
@@ -33,15 +35,24 @@ def nvcc() -> str:
 
 def test_there_are_sources():
     assert {p.parent.name for p in SOURCES} >= {"solutions", "exercises"}
+    assert {p.name for p in SOURCES} >= {step.filename for step in STEPS}
 
 
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
-def test_compiles_for_sm80_and_sm90_without_spills(source, tmp_path):
+def compile_report(source, tmp_path) -> str:
+    archs = ARCHS_OF.get(source.name, ARCHS)
     result = subprocess.run(
-        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *ARCHS, *TORCH_NVCC_DEFINES, "-Xptxas", "-v",
+        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *archs, *TORCH_NVCC_DEFINES, "-Xptxas", "-v",
          str(source), "-o", str(tmp_path / "step.o")],
         capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stderr
-    spills = re.findall(r"(\d+) bytes spill stores", result.stderr)
-    assert spills and all(s == "0" for s in spills), result.stderr
+    return result.stderr
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_compiles_for_its_gpus_without_spills(source, tmp_path):
+    report = compile_report(source, tmp_path)
+    spills = re.findall(r"(\d+) bytes spill stores", report)
+    assert spills and all(s == "0" for s in spills), report
+    # ptxas says so when it must serialize wgmma (a 2-3x slowdown that still computes right)
+    assert "wgmma.mma_async instructions are serialized" not in report, report

@@ -1,0 +1,435 @@
+// Step 6 — Hopper: wgmma fed by TMA, and a cluster of blocks sharing one latent tile.
+//
+// Step 5 runs mma.sync, which Hopper keeps for compatibility: its warp-wide 16 x 8 products
+// leave the tensor cores waiting on registers and on the threads that load them. What changed:
+// - wgmma: a warpgroup (4 warps) multiplies a 64 x 128 tile per instruction, reading both
+//   operands straight from shared memory through 64-bit descriptors and accumulating
+//   asynchronously in registers.
+// - TMA: one thread issues a bulk copy of a whole 2-D box (zeros past the tensor's edges, so no
+//   tail code), in the 128-byte swizzled layout wgmma reads without bank conflicts, and the copy
+//   completes on an mbarrier. A producer warpgroup keeps a ring of kStages slots full while two
+//   consumer warpgroups compute: loads never wait for arithmetic, nor arithmetic for a
+//   barrier of the whole block.
+// - The parallelism problem without recomputation: a block owns 128 tokens, so V2-Lite's 4096
+//   tokens make only 32 token tiles for 132 SMs. Step 5 split the output columns and recomputed
+//   the latent in every split. Here a *cluster* of up to 4 blocks shares a token tile: each
+//   computes a quarter of the latent columns (GEMM 1 is split, not repeated), writes it into the
+//   shared memory of every block of the cluster (distributed shared memory), and after one
+//   cluster barrier each block holds the whole latent tile as GEMM 2's A operand and computes a
+//   quarter of the output columns. Only when even that leaves SMs idle (a few hundred tokens)
+//   are groups of clusters given column ranges at the price of recomputing the latent.
+//
+// Runs where TMA and wgmma apply: bf16, an sm_90 GPU, d_model and rank multiples of 8 (TMA
+// rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
+// straddles k and v), rank <= 512 (the 128-token latent tile fills 128 KB of shared memory), and
+// 16-byte aligned tensors. Everything else runs step 5 (mla_lab/steps.py chooses).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "mla_common.cuh"
+
+namespace {
+
+constexpr int kTokens = 128;          // tokens per block: 64 rows for each consumer warpgroup
+constexpr int kColumns = 128;         // columns of one wgmma tile (latent or output)
+constexpr int kRowBytes = 128;        // one swizzled row: 64 bf16
+constexpr int kChunk = kRowBytes / 2; // K elements per swizzled row
+constexpr int kStages = 3;
+constexpr int kStageBytes = 32 * 1024;
+constexpr int kMaxRank = 512;
+constexpr int kMaxCluster = 4;
+constexpr int kThreads = 3 * 128;     // warpgroup 0 loads, warpgroups 1 and 2 compute
+constexpr int kConsumerWarps = 8;
+// GEMM 1 slot: the hidden box (128 tokens x 64 K), then w_down as two 64 K x 64 column boxes.
+// GEMM 2 slot: [w_up_k | w_up_v] as two 128 K x 64 column boxes.
+constexpr int kHiddenBytes = kTokens * kRowBytes;
+constexpr int kDownBoxBytes = kChunk * kRowBytes;
+constexpr int kUpDepth = 128;
+constexpr int kUpBoxBytes = kUpDepth * kRowBytes;
+constexpr int kLatentChunkBytes = kTokens * kRowBytes;  // 64 latent columns of all 128 tokens
+
+struct Shapes {
+  int64_t tokens, d_model, rank, width;
+  int passes;   // 128-column GEMM 1 passes per block (its slice of the latent)
+  int groups;   // clusters per token tile, each owning every groups-th set of output tiles
+};
+
+__device__ __forceinline__ uint32_t smem(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// ---- mbarriers and TMA ---------------------------------------------------------------------
+__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+
+// ---- the cluster ---------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+// Stores 4 bytes at the same shared-memory offset in block `rank` of the cluster.
+__device__ __forceinline__ void store_in_block(uint32_t local, uint32_t rank, uint32_t value) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(value) : "memory");
+}
+
+// ---- wgmma ---------------------------------------------------------------------------------
+// A shared-memory operand: start address, leading and stride byte offsets, 128-byte swizzle.
+// K-major (A: rows of 64 K): groups of 8 rows are `stride` = 1024 bytes apart; `leading` unused.
+// MN-major (B: rows of 64 columns at one k): 64-column boxes are `leading` bytes apart, groups of
+// 8 k-rows `stride` = 1024 bytes apart (PTX ISA, "Matrix Descriptor Format").
+__device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading, uint32_t stride) {
+  return uint64_t((address & 0x3FFFF) >> 4) | uint64_t((leading & 0x3FFFF) >> 4) << 16 |
+         uint64_t((stride & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+
+using Accumulator = float[64];  // this thread's share of a 64 x 128 fp32 tile
+
+#define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// d += A (64 x 16, K-major) @ B (16 x 128, MN-major: the trailing 1 transposes B).
+__device__ __forceinline__ void wgmma_64x128x16(Accumulator& d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, accumulate, 1, 1, 0, 1;\n}\n"
+      : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
+        MLA_ACC8(48), MLA_ACC8(56)
+      : "l"(a), "l"(b), "r"(1));
+}
+#undef MLA_ACC8
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from touching the accumulators across asynchronous wgmma.
+__device__ __forceinline__ void fence_registers(Accumulator& d) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Calls f(row, column, pair_index) for this thread's result pairs: wgmma's accumulator layout,
+// (row, column) and (row, column + 1) in d[2 * pair_index], d[2 * pair_index + 1].
+template <class F>
+__device__ __forceinline__ void for_each_pair(F f) {
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kColumns / 8; ++i) {
+    const int row = warp * 16 + lane / 4, column = 8 * i + lane % 4 * 2;
+    f(row, column, 2 * i);
+    f(row + 8, column, 2 * i + 1);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// Byte offset of latent element (row, column) in the K-major, 128-byte swizzled tile: 64-column
+// chunks of 128 rows, and within a row the 16-byte units permuted by row % 8 (what TMA does to
+// the hidden tile, so both GEMMs read their A operand the same way).
+__device__ __forceinline__ uint32_t latent_offset(int row, int column) {
+  const int unit = column % kChunk / 8;
+  return column / kChunk * kLatentChunkBytes + row * kRowBytes + ((unit ^ row % 8) * 16) + column % 8 * 2;
+}
+
+// The ring of kStages slots: the producer fills slot `it % kStages`, the consumers drain it.
+struct Ring {
+  uint32_t slots, full, empty;  // shared addresses: slot 0, then kStages mbarriers each
+  __device__ uint32_t slot(int it) const { return slots + it % kStages * kStageBytes; }
+  __device__ uint32_t full_bar(int it) const { return full + it % kStages * 8; }
+  __device__ uint32_t empty_bar(int it) const { return empty + it % kStages * 8; }
+  __device__ uint32_t parity(int it) const { return it / kStages & 1; }
+};
+
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_kernel(const __grid_constant__ CUtensorMap hidden_map,
+                  const __grid_constant__ CUtensorMap down_map,
+                  const __grid_constant__ CUtensorMap up_k_map,
+                  const __grid_constant__ CUtensorMap up_v_map, __nv_bfloat16* __restrict__ out,
+                  Shapes s) {
+  extern __shared__ uint8_t shared_raw[];
+  // The swizzle is a function of address bits 4-9: every slot and chunk starts 1024-aligned.
+  const uint32_t base = (smem(shared_raw) + 1023) & ~1023u;
+  const Ring ring{base, base + kStages * kStageBytes + kTokens * kMaxRank * 2,
+                  base + kStages * kStageBytes + kTokens * kMaxRank * 2 + kStages * 8};
+  const uint32_t latent = base + kStages * kStageBytes;
+
+  const uint32_t rank = cluster_rank(), blocks = cluster_size();
+  const int64_t cluster = blockIdx.x / blocks;
+  const int64_t token0 = cluster / s.groups * kTokens;
+  const int group = int(cluster % s.groups);
+  const int64_t columns = 2 * s.width;
+  const int output_tiles = int(columns / kColumns);  // width % 64 == 0, so no partial tile
+  const int first_tile = group * int(blocks) + int(rank), tile_step = s.groups * int(blocks);
+  const int down_chunks = int(mla::ceil_div(s.d_model, kChunk));
+  const int up_stages = int(mla::ceil_div(s.rank, kUpDepth));
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      barrier_init(ring.full + 8 * i, 1);
+      barrier_init(ring.empty + 8 * i, kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // Every block of the cluster has started and initialized its barriers before any block
+  // writes into another's shared memory.
+  cluster_arrive();
+  cluster_wait();
+
+  if (threadIdx.x < 128) {  // producer warpgroup: one thread issues every copy
+    cluster_arrive();       // it writes no latent; the consumers' exchange need not wait for it
+    if (threadIdx.x == 0) {
+      int it = 0;
+      auto acquire = [&](uint32_t bytes) {
+        barrier_wait(ring.empty_bar(it), ring.parity(it) ^ 1);
+        barrier_expect_bytes(ring.full_bar(it), bytes);
+      };
+      for (int pass = 0; pass < s.passes; ++pass) {
+        const int column0 = (int(rank) * s.passes + pass) * kColumns;
+        for (int chunk = 0; chunk < down_chunks; ++chunk, ++it) {
+          acquire(kStageBytes);
+          tma_load(ring.slot(it), hidden_map, chunk * kChunk, int(token0), ring.full_bar(it));
+          for (int half = 0; half < 2; ++half) {
+            tma_load(ring.slot(it) + kHiddenBytes + half * kDownBoxBytes, down_map,
+                     column0 + half * kChunk, chunk * kChunk, ring.full_bar(it));
+          }
+        }
+      }
+      for (int tile = first_tile; tile < output_tiles; tile += tile_step) {
+        for (int depth = 0; depth < up_stages; ++depth, ++it) {
+          acquire(kStageBytes);
+          for (int half = 0; half < 2; ++half) {
+            const int64_t column = int64_t(tile) * kColumns + half * kChunk;
+            const bool is_k = column < s.width;
+            tma_load(ring.slot(it) + half * kUpBoxBytes, is_k ? up_k_map : up_v_map,
+                     int(is_k ? column : column - s.width), depth * kUpDepth, ring.full_bar(it));
+          }
+        }
+      }
+    }
+    cluster_wait();
+    return;
+  }
+
+  // Consumer warpgroups 1 and 2: rows 64 * consumer .. of the token tile.
+  const int consumer = threadIdx.x / 128 - 1;
+  const bool warp_leader = threadIdx.x % 32 == 0;
+  int it = 0;
+  // Runs one tile's slots through the tensor cores; `issue(slot_address)` issues its wgmmas.
+  // A slot is handed back once the wgmmas reading it are done, one slot behind the newest.
+  auto run_tile = [&](Accumulator& acc, int slots, auto issue) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    fence_registers(acc);
+    for (int n = 0; n < slots; ++n, ++it) {
+      barrier_wait(ring.full_bar(it), ring.parity(it));
+      wgmma_fence();
+      issue(ring.slot(it));
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (n > 0 && warp_leader) barrier_arrive(ring.empty_bar(it - 1));
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+    if (warp_leader) barrier_arrive(ring.empty_bar(it - 1));
+  };
+
+  Accumulator acc;
+  // GEMM 1: this block's latent columns, written into every block of the cluster.
+  for (int pass = 0; pass < s.passes; ++pass) {
+    run_tile(acc, down_chunks, [&](uint32_t slot) {
+#pragma unroll
+      for (int k = 0; k < kChunk / 16; ++k) {
+        wgmma_64x128x16(acc, descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024),
+                        descriptor(slot + kHiddenBytes + 16 * kRowBytes * k, kDownBoxBytes, 1024));
+      }
+    });
+    const int column0 = (int(rank) * s.passes + pass) * kColumns;
+    for_each_pair([&](int row, int column, int pair) {
+      const uint32_t where = latent + latent_offset(consumer * 64 + row, column0 + column);
+      const uint32_t value = pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
+      for (uint32_t block = 0; block < blocks; ++block) store_in_block(where, block, value);
+    });
+  }
+  // The latent reaches wgmma (the async proxy) through ordinary stores: fence, then barrier.
+  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
+  cluster_arrive();
+  cluster_wait();
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+
+  // GEMM 2: the latent tile (A, from shared memory) times [w_up_k | w_up_v], tile by tile.
+  for (int tile = first_tile; tile < output_tiles; tile += tile_step) {
+    int depth = 0;
+    run_tile(acc, up_stages, [&](uint32_t slot) {
+#pragma unroll
+      for (int k = 0; k < kUpDepth / 16; ++k) {
+        const int column = depth * kUpDepth + 16 * k;  // latent column = K of GEMM 2
+        wgmma_64x128x16(acc,
+                        descriptor(latent + latent_offset(consumer * 64, column), 16, 1024),
+                        descriptor(slot + 16 * kRowBytes * k, kUpBoxBytes, 1024));
+      }
+      ++depth;
+    });
+    const int64_t column0 = int64_t(tile) * kColumns;
+    for_each_pair([&](int row, int column, int pair) {
+      const int64_t token = token0 + consumer * 64 + row;
+      if (token < s.tokens) {
+        *reinterpret_cast<uint32_t*>(out + token * columns + column0 + column) =
+            pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
+      }
+    });
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------
+PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      function = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+// A 2-D bf16 row-major matrix (rows x columns) read in boxes of box_rows x 64, swizzled.
+bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t columns, int box_rows) {
+  const cuuint64_t dims[2] = {cuuint64_t(columns), cuuint64_t(rows)};
+  const cuuint64_t row_stride[1] = {cuuint64_t(columns) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kChunk), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode_function()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims,
+                           row_stride, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// How many clusters of `blocks` blocks the GPU holds at once (0 if none), asked once per device.
+int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
+  static int known[64][kMaxCluster + 1] = {};  // 0: not asked yet; -1: none fit
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
+  int& fit = known[device][blocks];
+  if (fit == 0) {
+    cudaLaunchAttribute cluster = *config.attrs;
+    cluster.val.clusterDim.x = unsigned(blocks);
+    config.attrs = &cluster;
+    config.gridDim = dim3(unsigned(blocks));
+    if (cudaOccupancyMaxActiveClusters(&fit, hopper_kernel, &config) != cudaSuccess || fit < 1) {
+      cudaGetLastError();  // a refused cluster size is an answer, not an error to report later
+      fit = -1;
+    }
+  }
+  return fit > 0 ? fit : 0;
+}
+
+size_t shared_bytes() { return 1024 + kStages * kStageBytes + kTokens * kMaxRank * 2 + 2 * kStages * 8; }
+
+}  // namespace
+
+extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
+  const int64_t width = p->heads * p->head_dim;
+  const bool aligned = (reinterpret_cast<uintptr_t>(p->hidden) | reinterpret_cast<uintptr_t>(p->w_down) |
+                        reinterpret_cast<uintptr_t>(p->w_up_k) | reinterpret_cast<uintptr_t>(p->w_up_v) |
+                        reinterpret_cast<uintptr_t>(p->out)) % 16 == 0;
+  if (p->dtype != MLA_BFLOAT16 || p->d_model % 8 || p->rank % 8 || p->rank > kMaxRank ||
+      width % 64 || !aligned) {
+    return cudaErrorNotSupported;  // mla_lab/steps.py sends these to step 5
+  }
+  if (encode_function() == nullptr) return cudaErrorNotSupported;
+  CUtensorMap hidden_map, down_map, up_k_map, up_v_map;
+  if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||
+      !make_map(&down_map, p->w_down, p->d_model, p->rank, kChunk) ||
+      !make_map(&up_k_map, p->w_up_k, p->rank, width, kUpDepth) ||
+      !make_map(&up_v_map, p->w_up_v, p->rank, width, kUpDepth)) {
+    return cudaErrorInvalidValue;
+  }
+
+  const int64_t token_tiles = mla::ceil_div(p->tokens, kTokens);
+  const int64_t latent_tiles = mla::ceil_div(p->rank, kColumns);
+  const int64_t output_tiles = 2 * width / kColumns;
+  const size_t bytes = shared_bytes();
+  cudaError_t err = mla::allow_shared_memory(hopper_kernel, bytes);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = bytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+
+  // Cluster size (blocks splitting GEMM 1's latent columns) and groups (clusters splitting the
+  // output tiles, each recomputing the latent): the cheapest by waves x one block's work, where
+  // a wave is as many clusters as the GPU can hold at once (a cluster's blocks must share a GPC,
+  // so fewer clusters of 4 than SMs / 4 may fit).
+  const double gemm1 = double(p->d_model) * double(latent_tiles), gemm2 = double(p->rank) * double(output_tiles);
+  double best_cost = 0.0;
+  int best_blocks = 1;
+  int64_t best_groups = 1;
+  for (int blocks = 1; blocks <= kMaxCluster && blocks <= latent_tiles; blocks *= 2) {
+    const int fit = clusters_that_fit(blocks, config);
+    if (fit == 0) continue;
+    for (int64_t groups = 1; blocks * groups <= output_tiles; groups *= 2) {
+      const double waves = double(mla::ceil_div(token_tiles * groups, fit));
+      const double cost = waves * (double(mla::ceil_div(latent_tiles, blocks)) * gemm1 / latent_tiles +
+                                   double(mla::ceil_div(output_tiles, blocks * groups)) * gemm2 / output_tiles);
+      if (best_cost == 0.0 || cost < 0.999 * best_cost) {
+        best_cost = cost, best_blocks = blocks, best_groups = groups;
+      }
+    }
+  }
+  if (best_cost == 0.0) return cudaErrorInvalidConfiguration;  // not even one block fits
+  const Shapes shapes{p->tokens, p->d_model, p->rank, width,
+                      int(mla::ceil_div(latent_tiles, best_blocks)), int(best_groups)};
+  cluster.val.clusterDim.x = unsigned(best_blocks);
+  config.gridDim = dim3(unsigned(token_tiles * best_groups * best_blocks));
+  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map,
+                           static_cast<__nv_bfloat16*>(p->out), shapes);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}

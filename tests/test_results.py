@@ -1,0 +1,58 @@
+"""The committed benchmark results: complete, self-describing, and the README's table made from them."""
+
+import matplotlib.pyplot as plt
+import pytest
+
+from mla_lab import plots, steps, sweep
+
+SWEEPS = sweep.committed_sweeps()
+META_FIELDS = {"device", "compute_capability", "driver", "torch", "cuda", "date", "command", "git_commit", "ceilings"}
+
+
+def test_results_are_committed():
+    assert SWEEPS, "results/ holds no sweep: run `make bench` on a GPU machine and commit results/"
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_a_sweep_says_where_and_how_it_was_measured(path):
+    record = sweep.Sweep.load(path)
+    assert META_FIELDS <= set(record.meta), META_FIELDS - set(record.meta)
+    assert set(record.meta["ceilings"]) == {"bf16 matmul TFLOP/s", "fp32 matmul TFLOP/s", "tf32 matmul TFLOP/s", "copy TB/s"}
+    assert path == sweep.sweep_path_for(record.meta)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_a_sweep_covers_every_step_peer_shape_dtype_and_mode(path):
+    record = sweep.Sweep.load(path)
+    names = {s.label for s in steps.STEPS} | set(sweep.PEERS)
+    seen = {(r.name, r.shape, r.dtype, r.mode) for r in record.results}
+    for name in names:
+        for shape in sweep.SHAPES:
+            for dtype in sweep.DTYPES:
+                if name == "cuBLAS concat TF32" and dtype == "bf16":
+                    continue
+                for mode in ("graph", "stream"):
+                    assert (name, shape, dtype, mode) in seen, (name, shape, dtype, mode)
+    assert not [r for r in record.results if r.status == "wrong"], "a contender was wrong when measured"
+    for r in record.results:
+        if r.status == "ok":
+            assert r.median_us > 0 and r.samples >= 10 and r.p10_us <= r.median_us <= r.p90_us, r
+        else:
+            assert r.status in ("skipped", "failed") and r.note, r
+
+
+def test_the_readme_table_is_the_one_the_results_give():
+    record = sweep.Sweep.load(SWEEPS[0])
+    readme = sweep.README.read_text()
+    assert sweep.readme_with_table(readme, sweep.results_table(record)) == readme, (
+        "README.md's results table differs from results/*.json: run `python -m mla_lab results`"
+    )
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_the_plots_are_drawn_from_the_json_and_committed(path):
+    figures = plots.sweep_figures(sweep.Sweep.load(path))
+    assert set(figures) == {f"{kind}_{dtype}" for kind in ("speed_vs_tokens", "roofline") for dtype in ("bf16", "fp32")}
+    plt.close("all")
+    for name in figures:
+        assert path.with_name(f"{path.stem}_{name}.png").exists(), f"run `python -m mla_lab results` and commit {path.stem}_{name}.png"
