@@ -80,6 +80,9 @@ def bench(args: argparse.Namespace) -> int:
 def results(args: argparse.Namespace) -> int:
     from . import plots, sweep
 
+    if args.fingerprint:
+        print(sweep.sources_fingerprint())
+        return 0
     paths = [Path(p) for p in args.files] or sweep.committed_sweeps()
     if not paths:
         print("no results/*.json yet: run `python -m mla_lab bench` on a GPU first", file=sys.stderr)
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("results", help="README results table and plots from results/*.json (CPU)")
     p.add_argument("files", nargs="*", help="results JSON files (default: results/*.json; the first makes the README table)")
     p.add_argument("--check", action="store_true", help="only check that README.md's table matches the JSON")
+    p.add_argument("--fingerprint", action="store_true", help="print the fingerprint of the sources here (compare with a JSON's meta.sources)")
     p.set_defaults(run=results)
 
     p = sub.add_parser("kernelbench", help="evaluate a KernelBench-style ModelNew file against Model (GPU)")

@@ -11,6 +11,7 @@ made from that file and nothing else, so they cannot drift from the data.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import re
@@ -101,11 +102,30 @@ def driver_version() -> str:
 
 
 def git_commit() -> str:
+    """HEAD, marked "-dirty" when tracked files differ from it (then `sources` is what counts)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=REPO,
+                             capture_output=True, text=True)
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+SOURCE_FOLDERS = ("kernels", "solutions", "mla_lab")
+
+
+def sources_fingerprint() -> str:
+    """A hash of every kernel and support source as it is on disk: the code that was measured.
+
+    Recompute it in a checkout (`python -m mla_lab results --fingerprint`) to see whether the
+    committed results were measured on exactly that code.
+    """
+    digest = hashlib.sha256()
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.suffix in (".cu", ".cuh", ".h", ".cpp", ".py") and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 def device_meta(command: str, ceilings: dict[str, float]) -> dict:
@@ -121,6 +141,7 @@ def device_meta(command: str, ceilings: dict[str, float]) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "git_commit": git_commit(),
+        "sources": sources_fingerprint(),
         "ceilings": ceilings,
     }
 
@@ -317,7 +338,7 @@ def results_table(sweep: Sweep, mode: str = "graph") -> str:
     lines = [
         f"Measured on {meta['device']} (sm_{meta['compute_capability'].replace('.', '')}, driver "
         f"{meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}) on {meta['date'][:10]}, "
-        f"commit {meta['git_commit']}, by `{meta['command']}`; {mode} mode, median µs.",
+        f"sources {meta['sources']}, by `{meta['command']}`; {mode} mode, median µs.",
         "",
         "| shape | dtype | best step | µs | eager µs | cuBLAS concat µs | torch.compile µs | vs eager | vs cuBLAS | of roofline floor |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -6,7 +6,7 @@ import pytest
 from mla_lab import plots, steps, sweep
 
 SWEEPS = sweep.committed_sweeps()
-META_FIELDS = {"device", "compute_capability", "driver", "torch", "cuda", "date", "command", "git_commit", "ceilings"}
+META_FIELDS = {"device", "compute_capability", "driver", "torch", "cuda", "date", "command", "git_commit", "sources", "ceilings"}
 
 
 def test_results_are_committed():
