@@ -264,12 +264,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       issue(ring.slot(it));
       wgmma_commit();
-      wgmma_wait<1>();
-      if (n > 0 && warp_leader) barrier_arrive(ring.empty_bar(it - 1));
+      wgmma_wait<0>();  // the slot goes back as soon as its wgmmas are done
+      if (warp_leader) barrier_arrive(ring.empty_bar(it));
     }
-    wgmma_wait<0>();
     fence_registers(acc);
-    if (warp_leader) barrier_arrive(ring.empty_bar(it - 1));
   };
 
   Accumulator acc;
