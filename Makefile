@@ -17,8 +17,8 @@ test: setup  # CPU tests, every .cu compiled with nvcc, nbval over the notebooks
 test-gpu:  # on a GPU machine: all tests, the notebooks run with the solutions, the grader over every exercise, sanitizers
 	MLA_LAB_EXERCISE_SOURCE=solution $(PYTHON) -m pytest && $(PYTHON) -m mla_lab grade --all --variant solution && $(PYTHON) -m mla_lab grade --all --variant exercise --expect-stubs && $(MAKE) sanitize
 
-sanitize:  # compute-sanitizer's four tools over every step on small odd shapes (all four run; any error fails)
-	status=0; for tool in memcheck racecheck initcheck synccheck; do compute-sanitizer --tool $$tool --print-limit 10 --error-exitcode 1 $(PYTHON) -m mla_lab check --quick || status=1; done; exit $$status
+sanitize:  # compute-sanitizer's four tools over every step on small odd shapes (all four run, 15 min each at most; any error or time-out fails)
+	status=0; for tool in memcheck racecheck initcheck synccheck; do timeout 900 compute-sanitizer --tool $$tool --print-limit 10 --error-exitcode 1 $(PYTHON) -m mla_lab check --quick || status=1; done; exit $$status
 
 exercises:  # regenerate exercises/ from solutions/ (an edited exercise is kept unless FORCE=--force)
 	$(PYTHON) -m mla_lab exercises $(FORCE)
