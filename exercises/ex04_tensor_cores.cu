@@ -9,7 +9,7 @@
 //   m16n8k8 for TF32. Operands come from shared memory; bf16 ones through ldmatrix (.trans for B,
 //   whose rows are k). Rows are padded by 16 or 32 bytes so these reads hit 32 distinct banks.
 // - Slices 128 bytes deep arrive by cp.async into a ring of as many buffers as the GPU's shared
-//   memory holds beside the latent tile (2 on Ada, up to 8 on Hopper): while the tensor cores
+//   memory holds beside the latent tile (2 to 8; 6 for V2-Lite on an H200): while the tensor cores
 //   work on one slice, the next ones are already in flight, and one barrier per slice suffices.
 //   Tails, misaligned views and runs across the k|v boundary are staged by ordinary loads
 //   instead (zeros past the edges), so every shape stays correct.
