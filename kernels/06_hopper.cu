@@ -64,8 +64,8 @@ __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void barrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+__device__ __forceinline__ void barrier_arrive(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 __device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
@@ -162,6 +162,48 @@ __device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
+// Stores this warpgroup's 64 x 128 tile `acc` as bf16 rows first_token.. of `out` (rows of
+// `columns` elements, the tile at column0), 16 bytes per thread per store. wgmma leaves each row's
+// 256 bytes spread over the 4 threads of a quad, 4 bytes per (row, 8-column group); a 4 x 4
+// transpose inside the quad (two rounds of shuffles) gives each thread a whole group, so a warp's
+// store covers 64 contiguous bytes of 8 rows instead of 16 bytes of 8 rows (the measurement is in
+// kernels/NOTES.md).
+__device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16* __restrict__ out,
+                                           int64_t first_token, int64_t tokens, int64_t columns,
+                                           int64_t column0) {
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, quad_lane = lane % 4;
+  const bool odd = quad_lane & 1, upper_half = quad_lane & 2;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // rows lane / 4 and lane / 4 + 8 of the warp's 16
+    const int64_t token = first_token + warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+    for (int group = 0; group < 4; ++group) {  // groups 4 * group .. + 3 of 8 columns
+      uint32_t v[4];  // v[k]: columns 8 * (4 * group + k) + 2 * quad_lane, + 1
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int i = 4 * (4 * group + k) + 2 * half;
+        v[k] = pack_bf16(acc[i], acc[i + 1]);
+      }
+      // Quad lanes q and q ^ 2 swap the off-diagonal 2 x 2 blocks, then q and q ^ 1 transpose
+      // each block: afterwards v[m] holds columns 8 * (4 * group + quad_lane) + 2 * m, + 1.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, upper_half ? v[j] : v[j + 2], 2);
+        if (upper_half) v[j] = got; else v[j + 2] = got;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? v[2 * j] : v[2 * j + 1], 1);
+        if (odd) v[2 * j] = got; else v[2 * j + 1] = got;
+      }
+      if (token < tokens) {
+        *reinterpret_cast<uint4*>(out + token * columns + column0 + 8 * (4 * group + quad_lane)) =
+            make_uint4(v[0], v[1], v[2], v[3]);
+      }
+    }
+  }
+}
+
 // Byte offset of latent element (row, column) in the K-major, 128-byte swizzled tile: 64-column
 // chunks of 128 rows, and within a row the 16-byte units permuted by row % 8 (what TMA does to
 // the hidden tile, so both GEMMs read their A operand the same way).
@@ -191,6 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Ring ring{base, base + kStages * kStageBytes + kTokens * kMaxRank * 2,
                   base + kStages * kStageBytes + kTokens * kMaxRank * 2 + kStages * 8};
   const uint32_t latent = base + kStages * kStageBytes;
+  const uint32_t turn = ring.empty + kStages * 8;  // 2 mbarriers: "consumer c may run GEMM 2 slots"
 
   const uint32_t rank = cluster_rank(), blocks = cluster_size();
   const int64_t cluster = blockIdx.x / blocks;
@@ -207,6 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       barrier_init(ring.full + 8 * i, 1);
       barrier_init(ring.empty + 8 * i, kConsumerWarps);
     }
+    for (int i = 0; i < 2; ++i) barrier_init(turn + 8 * i, 4);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // Every block of the cluster has started and initialized its barriers before any block
@@ -249,39 +293,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // Consumer warpgroups 1 and 2: rows 64 * consumer .. of the token tile.
+  // Consumer warpgroups 1 and 2.
   const int consumer = threadIdx.x / 128 - 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
-  int it = 0;
-  // Runs one tile's slots through the tensor cores; `issue(slot_address)` issues its wgmmas.
-  // A slot is handed back as soon as the wgmmas reading it are done, so the producer can refill
-  // it while this warpgroup waits for the next (measured 6-10 % faster than keeping one slot of
-  // wgmmas in flight and handing slots back one behind: kernels/NOTES.md).
-  auto run_tile = [&](Accumulator& acc, int slots, auto issue) {
+  // Runs ring slots first .. first + slots - 1 through the tensor cores; `issue(slot_address, n)`
+  // issues the n-th one's wgmmas. A slot is handed back as soon as the wgmmas reading it are done,
+  // so the producer can refill it while this warpgroup waits for the next (measured 6-10 % faster
+  // than keeping one slot of wgmmas in flight and handing slots back one behind: kernels/NOTES.md).
+  // Each slot's empty barrier expects 8 arrivals: one per consumer warp when both warpgroups read
+  // the slot, two per warp when only this warpgroup does.
+  auto run_slots = [&](int first, int slots, uint32_t arrivals_per_warp, auto issue) {
+    for (int n = 0; n < slots; ++n) {
+      const int it = first + n;
+      barrier_wait(ring.full_bar(it), ring.parity(it));
+      wgmma_fence();
+      issue(ring.slot(it), n);
+      wgmma_commit();
+      wgmma_wait<0>();
+      if (warp_leader) barrier_arrive(ring.empty_bar(it), arrivals_per_warp);
+    }
+  };
+  auto zero = [](Accumulator& acc) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     fence_registers(acc);
-    for (int n = 0; n < slots; ++n, ++it) {
-      barrier_wait(ring.full_bar(it), ring.parity(it));
-      wgmma_fence();
-      issue(ring.slot(it));
-      wgmma_commit();
-      wgmma_wait<0>();
-      if (warp_leader) barrier_arrive(ring.empty_bar(it));
-    }
-    fence_registers(acc);
   };
 
-  Accumulator acc;
-  // GEMM 1: this block's latent columns, written into every block of the cluster.
+  // GEMM 1, both warpgroups on each slot (rows 64 * consumer ..): this block's latent columns,
+  // written into every block of the cluster.
   for (int pass = 0; pass < s.passes; ++pass) {
-    run_tile(acc, down_chunks, [&](uint32_t slot) {
+    Accumulator acc;
+    zero(acc);
+    run_slots(pass * down_chunks, down_chunks, 1, [&](uint32_t slot, int) {
 #pragma unroll
       for (int k = 0; k < kChunk / 16; ++k) {
         wgmma_64x128x16(acc, descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024),
                         descriptor(slot + kHiddenBytes + 16 * kRowBytes * k, kDownBoxBytes, 1024));
       }
     });
+    fence_registers(acc);
     const int column0 = (int(rank) * s.passes + pass) * kColumns;
     for_each_pair([&](int row, int column, int pair) {
       const uint32_t where = latent + latent_offset(consumer * 64 + row, column0 + column);
@@ -295,27 +345,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   cluster_wait();
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 
-  // GEMM 2: the latent tile (A, from shared memory) times [w_up_k | w_up_v], tile by tile.
-  for (int tile = first_tile; tile < output_tiles; tile += tile_step) {
-    int depth = 0;
-    run_tile(acc, up_stages, [&](uint32_t slot) {
+  // GEMM 2: the latent tile (A, from shared memory) times [w_up_k | w_up_v], tile by tile, in
+  // ping-pong: the warpgroups take alternate output tiles, each computing all 128 rows, so one
+  // stores a finished tile while the other keeps the tensor cores busy. (Splitting every tile by
+  // rows kept both warpgroups in step: the tensor cores idled while both stored. Leaving the
+  // stores out made V2-Lite at 4096 tokens 30 % faster: kernels/NOTES.md.)
+  //
+  // The warpgroups take turns at the ring (turn barriers): a warpgroup waits on a slot's full
+  // barrier only after the other has waited on every earlier slot. Without that, a warpgroup
+  // could wait on a slot whose previous fill, meant for the other, had not landed yet: a parity
+  // wait cannot tell those two fills apart and passes at once (found on the H200: a wrong v and a
+  // hang, 2026-12-03).
+  const int gemm1_slots = s.passes * down_chunks;
+  int turns = 0;  // how many times this warpgroup has waited for its turn
+  for (int tile = first_tile, index = 0; tile < output_tiles; tile += tile_step, ++index) {
+    if (index % 2 != consumer) continue;
+    Accumulator upper, lower;  // token rows 0-63 and 64-127
+    zero(upper);
+    zero(lower);
+    if (index > 0) barrier_wait(turn + 8 * consumer, turns++ & 1);
+    run_slots(gemm1_slots + index * up_stages, up_stages, 2, [&](uint32_t slot, int depth) {
 #pragma unroll
       for (int k = 0; k < kUpDepth / 16; ++k) {
         const int column = depth * kUpDepth + 16 * k;  // latent column = K of GEMM 2
-        wgmma_64x128x16(acc,
-                        descriptor(latent + latent_offset(consumer * 64, column), 16, 1024),
-                        descriptor(slot + 16 * kRowBytes * k, kUpBoxBytes, 1024));
+        const uint64_t weights = descriptor(slot + 16 * kRowBytes * k, kUpBoxBytes, 1024);
+        wgmma_64x128x16(upper, descriptor(latent + latent_offset(0, column), 16, 1024), weights);
+        wgmma_64x128x16(lower, descriptor(latent + latent_offset(64, column), 16, 1024), weights);
       }
-      ++depth;
     });
+    if (warp_leader) barrier_arrive(turn + 8 * (1 - consumer), 1);
+    fence_registers(upper);
+    fence_registers(lower);
     const int64_t column0 = int64_t(tile) * kColumns;
-    for_each_pair([&](int row, int column, int pair) {
-      const int64_t token = token0 + consumer * 64 + row;
-      if (token < s.tokens) {
-        *reinterpret_cast<uint32_t*>(out + token * columns + column0 + column) =
-            pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
-      }
-    });
+    store_tile(upper, out, token0, s.tokens, columns, column0);
+    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);
   }
 }
 
@@ -365,7 +428,7 @@ int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
   return fit > 0 ? fit : 0;
 }
 
-size_t shared_bytes() { return 1024 + kStages * kStageBytes + kTokens * kMaxRank * 2 + 2 * kStages * 8; }
+size_t shared_bytes() { return 1024 + kStages * kStageBytes + kTokens * kMaxRank * 2 + (2 * kStages + 2) * 8; }
 
 }  // namespace
 
