@@ -9,7 +9,8 @@
 //   tail code), in the 128-byte swizzled layout wgmma reads without bank conflicts, and the copy
 //   completes on an mbarrier. A producer warpgroup keeps a ring of kStages slots full while two
 //   consumer warpgroups compute: loads never wait for arithmetic, nor arithmetic for a
-//   barrier of the whole block.
+//   barrier of the whole block. In GEMM 2 the two take alternate output tiles (ping-pong), so
+//   one writes its finished tile, 16 bytes per thread, while the other keeps the tensor cores busy.
 // - The parallelism problem without recomputation: a block owns 128 tokens, so V2-Lite's 4096
 //   tokens make only 32 token tiles for 132 SMs. Step 5 split the output columns and recomputed
 //   the latent in every split. Here a *cluster* of up to 4 blocks shares a token tile: each
