@@ -17,8 +17,13 @@
 //   computes a quarter of the latent columns (GEMM 1 is split, not repeated), writes it into the
 //   shared memory of every block of the cluster (distributed shared memory), and after one
 //   cluster barrier each block holds the whole latent tile as GEMM 2's A operand and computes a
-//   quarter of the output columns. Only when even that leaves SMs idle (a few hundred tokens)
-//   are groups of clusters given column ranges at the price of recomputing the latent.
+//   quarter of the output columns. When that still leaves SMs idle (V2-Lite's 32 token tiles: an
+//   H200 holds only 30 clusters of 4), several clusters ("groups") share a token tile, each
+//   taking every groups-th output tile. If the whole grid is resident at once, the groups split
+//   GEMM 1 as well: each block also writes its latent slice to a scratch buffer in global memory
+//   and counts itself done (a release add); the producer waits until every block of the token
+//   tile has counted, then fetches the other clusters' slices with TMA. Otherwise each group
+//   recomputes the latent.
 //
 // Runs where TMA and wgmma apply: bf16, an sm_90 GPU, d_model and rank multiples of 8 (TMA
 // rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
@@ -27,6 +32,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "mla_common.cuh"
 
@@ -52,8 +59,15 @@ constexpr int kLatentChunkBytes = kTokens * kRowBytes;  // 64 latent columns of 
 
 struct Shapes {
   int64_t tokens, d_model, rank, width;
-  int passes;   // 128-column GEMM 1 passes per block (its slice of the latent)
+  int passes;   // 128-column latent tiles per block: its slice of GEMM 1
   int groups;   // clusters per token tile, each owning every groups-th set of output tiles
+  // The groups of a token tile either each compute the whole latent (exchange == 0), or split it
+  // and exchange their slices through `scratch` in global memory, `ready` counting the writers.
+  int exchange;
+  int latent_tiles;
+  int64_t latent_columns;  // row length of scratch: latent_tiles * 128
+  __nv_bfloat16* scratch;
+  unsigned* ready;
 };
 
 __device__ __forceinline__ uint32_t smem(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -101,6 +115,19 @@ __device__ __forceinline__ void store_in_block(uint32_t local, uint32_t rank, ui
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(value) : "memory");
+}
+
+// ---- one token tile's groups, through global memory ----------------------------------------
+__device__ __forceinline__ void count_writer(unsigned* counter) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+__device__ __forceinline__ void wait_for_writers(const unsigned* counter, unsigned writers) {
+  unsigned seen = 0;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    if (seen >= writers) break;
+    __nanosleep(64);
+  }
 }
 
 // ---- wgmma ---------------------------------------------------------------------------------
@@ -226,7 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap hidden_map,
                   const __grid_constant__ CUtensorMap down_map,
                   const __grid_constant__ CUtensorMap up_k_map,
-                  const __grid_constant__ CUtensorMap up_v_map, __nv_bfloat16* __restrict__ out,
+                  const __grid_constant__ CUtensorMap up_v_map,
+                  const __grid_constant__ CUtensorMap scratch_map, __nv_bfloat16* __restrict__ out,
                   Shapes s) {
   extern __shared__ uint8_t shared_raw[];
   // The swizzle is a function of address bits 4-9: every slot and chunk starts 1024-aligned.
@@ -235,6 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   base + kStages * kStageBytes + kTokens * kMaxRank * 2 + kStages * 8};
   const uint32_t latent = base + kStages * kStageBytes;
   const uint32_t turn = ring.empty + kStages * 8;  // 2 mbarriers: "consumer c may run GEMM 2 slots"
+  const uint32_t latent_loaded = turn + 2 * 8;     // the other groups' latent tiles have landed
 
   const uint32_t rank = cluster_rank(), blocks = cluster_size();
   const int64_t cluster = blockIdx.x / blocks;
@@ -245,6 +274,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = group * int(blocks) + int(rank), tile_step = s.groups * int(blocks);
   const int down_chunks = int(mla::ceil_div(s.d_model, kChunk));
   const int up_stages = int(mla::ceil_div(s.rank, kUpDepth));
+  // This block computes latent tiles owner * passes .. (a cluster's blocks are adjacent owners).
+  const int owner = s.exchange ? group * int(blocks) + int(rank) : int(rank);
+  const int first_latent_tile = owner * s.passes;
+  const int passes = max(0, min(s.passes, s.latent_tiles - first_latent_tile));
+  const int64_t token_tile = token0 / kTokens;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
@@ -252,6 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       barrier_init(ring.empty + 8 * i, kConsumerWarps);
     }
     for (int i = 0; i < 2; ++i) barrier_init(turn + 8 * i, 4);
+    barrier_init(latent_loaded, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // Every block of the cluster has started and initialized its barriers before any block
@@ -267,14 +302,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         barrier_wait(ring.empty_bar(it), ring.parity(it) ^ 1);
         barrier_expect_bytes(ring.full_bar(it), bytes);
       };
-      for (int pass = 0; pass < s.passes; ++pass) {
-        const int column0 = (int(rank) * s.passes + pass) * kColumns;
+      for (int pass = 0; pass < passes; ++pass) {
+        const int column0 = (first_latent_tile + pass) * kColumns;
         for (int chunk = 0; chunk < down_chunks; ++chunk, ++it) {
           acquire(kStageBytes);
           tma_load(ring.slot(it), hidden_map, chunk * kChunk, int(token0), ring.full_bar(it));
           for (int half = 0; half < 2; ++half) {
             tma_load(ring.slot(it) + kHiddenBytes + half * kDownBoxBytes, down_map,
                      column0 + half * kChunk, chunk * kChunk, ring.full_bar(it));
+          }
+        }
+      }
+      if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles
+        wait_for_writers(s.ready + token_tile, unsigned(s.groups) * blocks);
+        asm volatile("fence.proxy.async.global;" ::: "memory");  // generic writes, TMA reads
+        int foreign = 0;
+        for (int t = 0; t < s.latent_tiles; ++t) foreign += t / s.passes / int(blocks) != group;
+        barrier_expect_bytes(latent_loaded, uint32_t(foreign) * 2 * kLatentChunkBytes);
+        for (int t = 0; t < s.latent_tiles; ++t) {
+          if (t / s.passes / int(blocks) == group) continue;
+          for (int half = 0; half < 2; ++half) {
+            tma_load(latent + (2 * t + half) * kLatentChunkBytes, scratch_map, (2 * t + half) * kChunk,
+                     int(token0), latent_loaded);
           }
         }
       }
@@ -298,20 +347,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int consumer = threadIdx.x / 128 - 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
   // Runs ring slots first .. first + slots - 1 through the tensor cores; `issue(slot_address, n)`
-  // issues the n-th one's wgmmas. A slot is handed back as soon as the wgmmas reading it are done,
-  // so the producer can refill it while this warpgroup waits for the next (measured 6-10 % faster
-  // than keeping one slot of wgmmas in flight and handing slots back one behind: kernels/NOTES.md).
+  // issues the n-th one's wgmmas, and `after_last_wait()` runs once the last slot has landed.
+  // With one_in_flight false, a slot is handed back as soon as its wgmmas finish, so the producer
+  // refills it at once; with true, the next slot's wgmmas are issued before waiting for this
+  // one's, so the tensor cores never drain between slots, and slots go back one behind. GEMM 1,
+  // which both warpgroups run together and which waits on L2, is faster with the first; GEMM 2,
+  // one warpgroup at a time, with the second (A/B on the H200: kernels/NOTES.md).
   // Each slot's empty barrier expects 8 arrivals: one per consumer warp when both warpgroups read
   // the slot, two per warp when only this warpgroup does.
-  auto run_slots = [&](int first, int slots, uint32_t arrivals_per_warp, auto issue) {
+  auto run_slots = [&](int first, int slots, uint32_t arrivals_per_warp, auto one_in_flight, auto issue,
+                       auto after_last_wait) {
     for (int n = 0; n < slots; ++n) {
       const int it = first + n;
       barrier_wait(ring.full_bar(it), ring.parity(it));
+      if (n == slots - 1) after_last_wait();
       wgmma_fence();
       issue(ring.slot(it), n);
       wgmma_commit();
+      if constexpr (decltype(one_in_flight)::value) {
+        wgmma_wait<1>();
+        if (n > 0 && warp_leader) barrier_arrive(ring.empty_bar(it - 1), arrivals_per_warp);
+      } else {
+        wgmma_wait<0>();
+        if (warp_leader) barrier_arrive(ring.empty_bar(it), arrivals_per_warp);
+      }
+    }
+    if constexpr (decltype(one_in_flight)::value) {
       wgmma_wait<0>();
-      if (warp_leader) barrier_arrive(ring.empty_bar(it), arrivals_per_warp);
+      if (warp_leader) barrier_arrive(ring.empty_bar(first + slots - 1), arrivals_per_warp);
     }
   };
   auto zero = [](Accumulator& acc) {
@@ -322,29 +385,39 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // GEMM 1, both warpgroups on each slot (rows 64 * consumer ..): this block's latent columns,
   // written into every block of the cluster.
-  for (int pass = 0; pass < s.passes; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
     Accumulator acc;
     zero(acc);
-    run_slots(pass * down_chunks, down_chunks, 1, [&](uint32_t slot, int) {
+    run_slots(pass * down_chunks, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
 #pragma unroll
       for (int k = 0; k < kChunk / 16; ++k) {
         wgmma_64x128x16(acc, descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024),
                         descriptor(slot + kHiddenBytes + 16 * kRowBytes * k, kDownBoxBytes, 1024));
       }
-    });
+    }, [] {});
     fence_registers(acc);
-    const int column0 = (int(rank) * s.passes + pass) * kColumns;
+    const int column0 = (first_latent_tile + pass) * kColumns;
     for_each_pair([&](int row, int column, int pair) {
       const uint32_t where = latent + latent_offset(consumer * 64 + row, column0 + column);
       const uint32_t value = pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
       for (uint32_t block = 0; block < blocks; ++block) store_in_block(where, block, value);
+      if (s.exchange) {
+        *reinterpret_cast<uint32_t*>(s.scratch + (token0 + consumer * 64 + row) * s.latent_columns +
+                                     column0 + column) = value;
+      }
     });
+  }
+  if (s.exchange) {  // this block's slice is in global memory: count it, once all 256 threads wrote
+    __threadfence();
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (threadIdx.x == 128) count_writer(s.ready + token_tile);
   }
   // The latent reaches wgmma (the async proxy) through ordinary stores: fence, then barrier.
   asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
   cluster_arrive();
   cluster_wait();
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  if (s.exchange) barrier_wait(latent_loaded, 0);
 
   // GEMM 2: the latent tile (A, from shared memory) times [w_up_k | w_up_v], tile by tile, in
   // ping-pong: the warpgroups take alternate output tiles, each computing all 128 rows, so one
@@ -357,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // could wait on a slot whose previous fill, meant for the other, had not landed yet: a parity
   // wait cannot tell those two fills apart and passes at once (found on the H200: a wrong v and a
   // hang, 2026-12-03).
-  const int gemm1_slots = s.passes * down_chunks;
+  const int gemm1_slots = passes * down_chunks;
   int turns = 0;  // how many times this warpgroup has waited for its turn
   for (int tile = first_tile, index = 0; tile < output_tiles; tile += tile_step, ++index) {
     if (index % 2 != consumer) continue;
@@ -365,7 +438,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     zero(upper);
     zero(lower);
     if (index > 0) barrier_wait(turn + 8 * consumer, turns++ & 1);
-    run_slots(gemm1_slots + index * up_stages, up_stages, 2, [&](uint32_t slot, int depth) {
+    // The other warpgroup's turn comes as soon as this one has waited on its last slot: its first
+    // wgmmas then queue behind this one's last, with no gap for the tensor cores.
+    auto pass_turn = [&] { if (warp_leader) barrier_arrive(turn + 8 * (1 - consumer), 1); };
+    run_slots(gemm1_slots + index * up_stages, up_stages, 2, std::true_type{}, [&](uint32_t slot, int depth) {
 #pragma unroll
       for (int k = 0; k < kUpDepth / 16; ++k) {
         const int column = depth * kUpDepth + 16 * k;  // latent column = K of GEMM 2
@@ -373,8 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_64x128x16(upper, descriptor(latent + latent_offset(0, column), 16, 1024), weights);
         wgmma_64x128x16(lower, descriptor(latent + latent_offset(64, column), 16, 1024), weights);
       }
-    });
-    if (warp_leader) barrier_arrive(turn + 8 * (1 - consumer), 1);
+    }, pass_turn);
     fence_registers(upper);
     fence_registers(lower);
     const int64_t column0 = int64_t(tile) * kColumns;
@@ -429,71 +504,116 @@ int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
   return fit > 0 ? fit : 0;
 }
 
-size_t shared_bytes() { return 1024 + kStages * kStageBytes + kTokens * kMaxRank * 2 + (2 * kStages + 2) * 8; }
+size_t shared_bytes() { return 1024 + kStages * kStageBytes + kTokens * kMaxRank * 2 + (2 * kStages + 3) * 8; }
 
-}  // namespace
-
-extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
-  const int64_t width = p->heads * p->head_dim;
+bool takes_fast_path(const MlaProblem* p) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p->hidden) | reinterpret_cast<uintptr_t>(p->w_down) |
                         reinterpret_cast<uintptr_t>(p->w_up_k) | reinterpret_cast<uintptr_t>(p->w_up_v) |
                         reinterpret_cast<uintptr_t>(p->out)) % 16 == 0;
-  if (p->dtype != MLA_BFLOAT16 || p->d_model % 8 || p->rank % 8 || p->rank > kMaxRank ||
-      width % 64 || !aligned) {
-    return cudaErrorNotSupported;  // mla_lab/steps.py sends these to step 5
-  }
-  if (encode_function() == nullptr) return cudaErrorNotSupported;
-  CUtensorMap hidden_map, down_map, up_k_map, up_v_map;
-  if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||
-      !make_map(&down_map, p->w_down, p->d_model, p->rank, kChunk) ||
-      !make_map(&up_k_map, p->w_up_k, p->rank, width, kUpDepth) ||
-      !make_map(&up_v_map, p->w_up_v, p->rank, width, kUpDepth)) {
-    return cudaErrorInvalidValue;
-  }
+  return p->dtype == MLA_BFLOAT16 && p->d_model % 8 == 0 && p->rank % 8 == 0 && p->rank <= kMaxRank &&
+         p->heads * p->head_dim % 64 == 0 && aligned && encode_function() != nullptr;
+}
 
-  const int64_t token_tiles = mla::ceil_div(p->tokens, kTokens);
-  const int64_t latent_tiles = mla::ceil_div(p->rank, kColumns);
-  const int64_t output_tiles = 2 * width / kColumns;
-  const size_t bytes = shared_bytes();
-  cudaError_t err = mla::allow_shared_memory(hopper_kernel, bytes);
-  if (err != cudaSuccess) return err;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
+cudaLaunchConfig_t launch_config(cudaLaunchAttribute* cluster, cudaStream_t stream) {
+  cluster->id = cudaLaunchAttributeClusterDimension;
+  cluster->val.clusterDim.x = 1;
+  cluster->val.clusterDim.y = 1;
+  cluster->val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = bytes;
+  config.dynamicSmemBytes = shared_bytes();
   config.stream = stream;
-  config.attrs = &cluster;
+  config.attrs = cluster;
   config.numAttrs = 1;
+  return config;
+}
 
-  // Cluster size (blocks splitting GEMM 1's latent columns) and groups (clusters splitting the
-  // output tiles, each recomputing the latent): the cheapest by waves x one block's work, where
-  // a wave is as many clusters as the GPU can hold at once (a cluster's blocks must share a GPC,
-  // so fewer clusters of 4 than SMs / 4 may fit).
-  const double gemm1 = double(p->d_model) * double(latent_tiles), gemm2 = double(p->rank) * double(output_tiles);
+struct Plan {
+  int blocks = 0;  // cluster size: blocks splitting GEMM 1's latent tiles through DSMEM
+  int64_t groups = 1;
+  int passes = 0;
+  bool exchange = false;
+  int64_t token_tiles = 0, latent_tiles = 0;
+  size_t ready_bytes() const { return size_t(mla::round_up(token_tiles * 4, 256)); }
+  size_t workspace_bytes() const {
+    return exchange ? ready_bytes() + size_t(token_tiles * kTokens * latent_tiles * kColumns * 2) : 0;
+  }
+};
+
+// Cluster size and groups (clusters splitting a token tile's output tiles), the cheapest by waves
+// x one block's work, where a wave is as many clusters as the GPU holds at once (a cluster's
+// blocks share a GPC, so fewer clusters of 4 than SMs / 4 may fit) and work counts ring slots:
+// both GEMMs stream 32 KB per slot (GEMM 1 is bound by that stream, measured: kernels/NOTES.md).
+// Groups split GEMM 1 too, exchanging slices through global memory, when the whole grid is
+// resident at once (a block waits for the others' slices) and that saves GEMM 1 passes;
+// otherwise each group recomputes the latent.
+Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_allowed) {
+  const int64_t output_tiles = 2 * p->heads * p->head_dim / kColumns;
+  const double down_slots = double(mla::ceil_div(p->d_model, kChunk));
+  const double up_slots = double(mla::ceil_div(p->rank, kUpDepth));
+  Plan best;
+  best.token_tiles = mla::ceil_div(p->tokens, kTokens);
+  best.latent_tiles = mla::ceil_div(p->rank, kColumns);
   double best_cost = 0.0;
-  int best_blocks = 1;
-  int64_t best_groups = 1;
-  for (int blocks = 1; blocks <= kMaxCluster && blocks <= latent_tiles; blocks *= 2) {
+  int64_t best_waves = 0;
+  for (int blocks = kMaxCluster; blocks >= 1; blocks /= 2) {
+    if (blocks > best.latent_tiles) continue;
     const int fit = clusters_that_fit(blocks, config);
     if (fit == 0) continue;
     for (int64_t groups = 1; blocks * groups <= output_tiles; groups *= 2) {
-      const double waves = double(mla::ceil_div(token_tiles * groups, fit));
-      const double cost = waves * (double(mla::ceil_div(latent_tiles, blocks)) * gemm1 / latent_tiles +
-                                   double(mla::ceil_div(output_tiles, blocks * groups)) * gemm2 / output_tiles);
-      if (best_cost == 0.0 || cost < 0.999 * best_cost) {
-        best_cost = cost, best_blocks = blocks, best_groups = groups;
+      const int64_t waves = mla::ceil_div(best.token_tiles * groups, fit);
+      const int64_t alone = mla::ceil_div(best.latent_tiles, blocks);
+      const int64_t shared = mla::ceil_div(best.latent_tiles, blocks * groups);
+      const bool exchange = exchange_allowed && waves == 1 && shared < alone;
+      const double cost = double(waves) * (double(exchange ? shared : alone) * down_slots +
+                                            double(mla::ceil_div(output_tiles, blocks * groups)) * up_slots);
+      if (best_cost == 0.0 || cost < 0.999 * best_cost || (cost < 1.001 * best_cost && waves < best_waves)) {
+        best_cost = cost, best_waves = waves;
+        best.blocks = blocks, best.groups = groups, best.exchange = exchange;
+        best.passes = int(exchange ? shared : alone);
       }
     }
   }
-  if (best_cost == 0.0) return cudaErrorInvalidConfiguration;  // not even one block fits
-  const Shapes shapes{p->tokens, p->d_model, p->rank, width,
-                      int(mla::ceil_div(latent_tiles, best_blocks)), int(best_groups)};
-  cluster.val.clusterDim.x = unsigned(best_blocks);
-  config.gridDim = dim3(unsigned(token_tiles * best_groups * best_blocks));
-  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map,
+  return best;
+}
+
+}  // namespace
+
+extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {
+  if (!takes_fast_path(p) || mla::allow_shared_memory(hopper_kernel, shared_bytes()) != cudaSuccess) return 0;
+  cudaLaunchAttribute cluster;
+  return plan_launch(p, launch_config(&cluster, nullptr), true).workspace_bytes();
+}
+
+extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
+  if (!takes_fast_path(p)) return cudaErrorNotSupported;  // mla_lab/steps.py sends these to step 5
+  cudaError_t err = mla::allow_shared_memory(hopper_kernel, shared_bytes());
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute cluster;
+  cudaLaunchConfig_t config = launch_config(&cluster, stream);
+  const Plan plan = plan_launch(p, config, p->workspace != nullptr);
+  if (plan.blocks == 0) return cudaErrorInvalidConfiguration;  // not even one block fits
+
+  const int64_t width = p->heads * p->head_dim;
+  auto* ready = static_cast<unsigned*>(p->workspace);
+  auto* scratch = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(p->workspace) + plan.ready_bytes());
+  CUtensorMap hidden_map, down_map, up_k_map, up_v_map, scratch_map = {};
+  if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||
+      !make_map(&down_map, p->w_down, p->d_model, p->rank, kChunk) ||
+      !make_map(&up_k_map, p->w_up_k, p->rank, width, kUpDepth) ||
+      !make_map(&up_v_map, p->w_up_v, p->rank, width, kUpDepth) ||
+      (plan.exchange && !make_map(&scratch_map, scratch, plan.token_tiles * kTokens,
+                                  plan.latent_tiles * kColumns, kTokens))) {
+    return cudaErrorInvalidValue;
+  }
+  if (plan.exchange && (err = cudaMemsetAsync(ready, 0, plan.ready_bytes(), stream)) != cudaSuccess) return err;
+
+  const Shapes shapes{p->tokens, p->d_model, p->rank, width, plan.passes, int(plan.groups),
+                      int(plan.exchange), int(plan.latent_tiles), plan.latent_tiles * kColumns,
+                      scratch, ready};
+  cluster.val.clusterDim.x = unsigned(plan.blocks);
+  config.gridDim = dim3(unsigned(plan.token_tiles * plan.groups * plan.blocks));
+  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,
                            static_cast<__nv_bfloat16*>(p->out), shapes);
   return err != cudaSuccess ? err : cudaGetLastError();
 }

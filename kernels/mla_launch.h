@@ -6,6 +6,7 @@
 // exercise breaks only itself.
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
@@ -25,6 +26,7 @@ typedef struct {
   int64_t heads;
   int64_t head_dim;
   MlaDtype dtype;
+  void* workspace;     // mla_workspace_bytes(problem) bytes of GPU scratch, or NULL when it says 0
 } MlaProblem;
 
 #ifdef __cplusplus
@@ -33,6 +35,10 @@ extern "C" {
 // Enqueues the projection on `stream` and returns the launch's error code (cudaSuccess if none).
 // Called only with tokens >= 1 and every size >= 1.
 cudaError_t mla_launch(const MlaProblem* problem, cudaStream_t stream);
+// Optional: a step that needs scratch memory on the GPU also exports this. The binding asks it
+// (with workspace NULL) before each launch and passes that many bytes, uninitialized, allocated
+// on the launch's stream like the output; a step without it always gets NULL.
+size_t mla_workspace_bytes(const MlaProblem* problem);
 #ifdef __cplusplus
 }
 #endif

@@ -54,13 +54,15 @@ SHAPE_MATRIX: tuple[Shape, ...] = (
     Shape(1, 300, 520, 132, 7, 19),
     V2_LITE.with_tokens(1, 8),
     V3.with_tokens(1, 2),
-    Shape(1, 130, 64, 136, 2, 64),  # step 6: two blocks share a latent tile; a token tail
+    STEP6_CLUSTER := Shape(1, 130, 64, 136, 2, 64),  # step 6: two blocks share a latent tile; a token tail
     Shape(1, 8500, 64, 264, 2, 64),  # step 6: 67 token tiles, so each block computes 3 latent tiles
+    # step 6: 4 token tiles x 8 clusters of 2, which split 3 latent tiles through global memory
+    STEP6_EXCHANGE := Shape(1, 400, 64, 264, 16, 64),
 )
 
 # Small shapes for slow checkers (compute-sanitizer): one token, odd sizes, rank 1, hd 1, D 1,
-# and one that takes step 6's cluster path.
-QUICK_SHAPES = (*SHAPE_MATRIX[1:7], SHAPE_MATRIX[14])
+# and those that take step 6's cluster and exchange paths.
+QUICK_SHAPES = (*SHAPE_MATRIX[1:7], STEP6_CLUSTER, STEP6_EXCHANGE)
 
 
 @dataclass

@@ -173,7 +173,7 @@ class Kernel:
         self.fp32_math = step.fp32_math
         self.source = source
         self.library = library
-        self._launcher_address = _launcher_address(library)
+        self._launcher_address, self._workspace_address = _entry_points(library)
         self._project = build.binding()
         self._fallback = load(step.fallback) if step.fallback else None
 
@@ -189,10 +189,11 @@ class Kernel:
         """The stacked (B, S, 2, H, hd) projection; writes into `out` when one is given."""
         if w_down.dim() == 2:
             self.step.check_limits(w_down.shape[1])
-        launcher = self._launcher_address
+        runs = self
         if not self.takes_fast_path(hidden, w_down, w_up_k, w_up_v, out):
-            launcher = self._fallback._launcher_address  # errors still name this step
-        return self._project(launcher, self.step.label, hidden, w_down, w_up_k, w_up_v, heads, out)
+            runs = self._fallback  # errors still name this step
+        return self._project(runs._launcher_address, runs._workspace_address, self.step.label,
+                             hidden, w_down, w_up_k, w_up_v, heads, out)
 
     def takes_fast_path(self, hidden, w_down, w_up_k, w_up_v, out=None) -> bool:
         """Whether these inputs run this step's own kernel rather than its fallback step's."""
@@ -202,8 +203,12 @@ class Kernel:
         return f"<Kernel {self.step.label} from {self.source.relative_to(REPO)}>"
 
 
-def _launcher_address(library: Path) -> int:
-    return ctypes.cast(ctypes.CDLL(str(library)).mla_launch, ctypes.c_void_p).value
+def _entry_points(library: Path) -> tuple[int, int]:
+    """Addresses of the library's `mla_launch` and of its optional `mla_workspace_bytes` (0 if none)."""
+    loaded = ctypes.CDLL(str(library))
+    workspace = getattr(loaded, "mla_workspace_bytes", None)
+    launch_address = ctypes.cast(loaded.mla_launch, ctypes.c_void_p).value
+    return launch_address, ctypes.cast(workspace, ctypes.c_void_p).value if workspace else 0
 
 
 def load(key: int | str | Step, variant: str = "solution") -> Kernel:

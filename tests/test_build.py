@@ -55,6 +55,12 @@ def test_binding_and_every_step_build_and_reject_cpu_tensors():
 
 
 @needs_toolchain
+def test_only_a_step_that_needs_gpu_scratch_exports_its_size():
+    assert steps.load("hopper")._workspace_address != 0  # step 6's groups exchange latent slices
+    assert steps.load("naive")._workspace_address == 0
+
+
+@needs_toolchain
 def test_compiler_errors_name_the_learners_file_and_line(tmp_path):
     source = tmp_path / "ex99_broken.cu"
     source.write_text(BROKEN)

@@ -1,5 +1,6 @@
 """Every step on the GPU: the shape matrix in both dtypes, graphs, streams, and bad inputs."""
 
+import ctypes
 import re
 
 import pytest
@@ -127,6 +128,37 @@ def test_step6_takes_its_wgmma_path_where_it_applies():
     assert not kernel.takes_fast_path(*make_inputs(TOY, torch.float32, "cuda"))
     for shape in fast:
         assert check.check(kernel, shape, torch.bfloat16, "cuda", trials=1).ok
+
+
+class _Problem(ctypes.Structure):  # kernels/mla_launch.h's MlaProblem
+    _fields_ = [*((name, ctypes.c_void_p) for name in ("hidden", "w_down", "w_up_k", "w_up_v", "out")),
+                *((name, ctypes.c_int64) for name in ("tokens", "d_model", "rank", "heads", "head_dim")),
+                ("dtype", ctypes.c_int), ("workspace", ctypes.c_void_p)]
+
+
+def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays():
+    kernel = steps.load("hopper")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("step 6's wgmma path needs an sm_90 GPU; elsewhere it runs step 5")
+    shape = check.STEP6_EXCHANGE
+    static = make_inputs(shape, torch.bfloat16, "cuda", seed=1)
+    out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
+    problem = _Problem(*(t.data_ptr() for t in (*static, out)), shape.tokens, shape.d_model, shape.rank,
+                       shape.heads, shape.head_dim, 1, None)
+    workspace_bytes = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(_Problem))(kernel._workspace_address)
+    assert workspace_bytes(ctypes.byref(problem)) > 0, "this shape should take the exchange path"
+    kernel(*static, shape.heads, out=out)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel(*static, shape.heads, out=out)
+    for seed in (2, 3):  # each replay must find the writer counters zeroed again
+        fresh = make_inputs(shape, torch.bfloat16, "cuda", seed=seed)
+        for buffer, value in zip(static, fresh):
+            buffer.copy_(value)
+        out.fill_(float("nan"))
+        graph.replay()
+        verdict = check.compare(out, oracle(fresh, shape.heads), torch.bfloat16, shape, check.tolerance(kernel, torch.bfloat16))
+        assert verdict.ok, verdict
 
 
 @pytest.mark.parametrize("exercise", [s.exercise for s in steps.exercises()])

@@ -18,6 +18,7 @@
 namespace {
 
 using Launcher = cudaError_t (*)(const MlaProblem*, cudaStream_t);
+using WorkspaceSize = size_t (*)(const MlaProblem*);
 
 // Numbers in messages are formatted with std::to_string, never streamed: on torch 2.11 (the H200
 // machine's) streaming an integer into an error message from this library crashed the process.
@@ -51,7 +52,7 @@ void check_weight(const std::string& step, const char* name, const at::Tensor& t
               shape_of(t));
 }
 
-at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor& hidden,
+at::Tensor project(int64_t launcher_address, int64_t workspace_address, std::string step, const at::Tensor& hidden,
                    const at::Tensor& w_down, const at::Tensor& w_up_k, const at::Tensor& w_up_v,
                    int64_t heads, const std::optional<at::Tensor>& out) {
   TORCH_CHECK(hidden.is_cuda(), step, ": hidden is on ", hidden.device(),
@@ -98,9 +99,17 @@ at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor&
   if (batch * seq == 0) return result;
 
   const c10::cuda::CUDAGuard device_guard(hidden.device());
-  const MlaProblem problem{hidden.data_ptr(), w_down.data_ptr(), w_up_k.data_ptr(),
-                           w_up_v.data_ptr(), result.data_ptr(), batch * seq, d_model, rank,
-                           heads, head_dim, dtype == at::kFloat ? MLA_FLOAT32 : MLA_BFLOAT16};
+  MlaProblem problem{hidden.data_ptr(), w_down.data_ptr(), w_up_k.data_ptr(),
+                     w_up_v.data_ptr(), result.data_ptr(), batch * seq, d_model, rank,
+                     heads, head_dim, dtype == at::kFloat ? MLA_FLOAT32 : MLA_BFLOAT16, nullptr};
+  at::Tensor workspace;  // freed on return: the caching allocator keeps it for this stream's order
+  if (workspace_address != 0) {
+    const size_t bytes = reinterpret_cast<WorkspaceSize>(workspace_address)(&problem);
+    if (bytes > 0) {
+      workspace = at::empty({static_cast<int64_t>(bytes)}, hidden.options().dtype(at::kByte));
+      problem.workspace = workspace.data_ptr();
+    }
+  }
   const auto launch = reinterpret_cast<Launcher>(launcher_address);
   const cudaError_t err = launch(&problem, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, step, ": kernel launch failed: ", cudaGetErrorString(err));
@@ -113,7 +122,7 @@ at::Tensor project(int64_t launcher_address, std::string step, const at::Tensor&
 // of the time torch/extension.h takes, which keeps a cold build of the course near 25 s.
 TORCH_LIBRARY(mla_lab, m) {
   m.def(
-      "project(int launcher_address, str step, Tensor hidden, Tensor w_down, Tensor w_up_k, "
+      "project(int launcher_address, int workspace_address, str step, Tensor hidden, Tensor w_down, Tensor w_up_k, "
       "Tensor w_up_v, int heads, Tensor? out=None) -> Tensor",
       &project);
 }
