@@ -98,7 +98,7 @@ def test_a_kernel_that_only_knows_one_input_fails():
 
 def test_shape_matrix_goes_beyond_the_toy():
     shapes = check.SHAPE_MATRIX
-    assert len(shapes) == 16
+    assert len(shapes) >= 16
     assert min(s.tokens for s in shapes) == 1 and max(s.tokens for s in shapes) >= 3000
     assert any(s.heads == 1 for s in shapes) and any(s.d_model % 2 for s in shapes)
     assert any(s.rank % 4 for s in shapes) and any(s.head_dim % 4 for s in shapes)

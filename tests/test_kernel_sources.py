@@ -4,6 +4,7 @@ Kernel files are torch-free, so this needs only nvcc (CI has it, with no GPU). W
 missing the test fails rather than skips under CI=true: a compile check that never runs is none.
 """
 
+import importlib.util
 import os
 import re
 import shutil
@@ -50,3 +51,24 @@ def test_compiles_for_its_gpus_without_spills(source, tmp_path):
     assert spills and all(s == "0" for s in spills), result.stderr
     # ptxas says so when it must serialize wgmma (a 2-3x slowdown that still computes right)
     assert "wgmma.mma_async instructions are serialized" not in result.stderr, result.stderr
+
+
+def _step6_lab():
+    spec = importlib.util.spec_from_file_location("step6_lab", REPO / "experiments" / "step6" / "lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("variant", ["xchg", "xchg_w2", "xchg_w12", "w12"])
+def test_step6_lab_variants_still_apply_and_compile(variant, tmp_path):
+    """experiments/step6/lab.py edits kernels/06_hopper.cu: each A/B variant in NOTES.md stays buildable."""
+    lab = _step6_lab()
+    result = subprocess.run(
+        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *ARCHS_OF["06_hopper.cu"], *TORCH_NVCC_DEFINES,
+         *(f"-D{switch}" for switch in lab.VARIANTS[variant]), "-Xptxas", "-v", str(lab.lab_source()),
+         "-o", str(tmp_path / "lab.o")],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr

@@ -1,0 +1,132 @@
+"""Step 6 variants side by side on a GPU: how kernels/NOTES.md's A/B tables were measured.
+
+The variants are kernels/06_hopper.cu with compile-time switches that undo one measured choice
+each; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the text a
+switch edits). Each variant is checked against the float64 oracle (fresh inputs, NaN-poisoned
+output) in its own process, so a hang costs one variant, then all are timed in one process on the
+same inputs, graph replay, two rounds, beside cuBLAS and eager:
+
+    python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
+    python experiments/step6/lab.py time VARIANT...        # µs, min/max of two rounds
+    python experiments/step6/lab.py VARIANT B S D R H HD   # one check, for compute-sanitizer
+
+"previous" is the kernel as committed before the switches' choices were made (git show).
+"""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mla_lab import bench, build, check, layout, steps
+from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, reference
+
+BUILD = Path(__file__).resolve().parent / "build"
+PREVIOUS_COMMIT = "56d7bc8"
+# switch -> (text in kernels/06_hopper.cu, what replaces it under #ifdef switch)
+SWITCHES = {
+    "LAB_GEMM1_IN_FLIGHT": ("run_slots(pass * down_chunks, down_chunks, 1, std::false_type{}, [&]",
+                            "run_slots(pass * down_chunks, down_chunks, 1, std::true_type{}, [&]"),
+    "LAB_GEMM2_DRAIN": ("run_slots(gemm1_slots + index * up_stages, up_stages, 2, std::true_type{}, [&]",
+                        "run_slots(gemm1_slots + index * up_stages, up_stages, 2, std::false_type{}, [&]"),
+    "LAB_LATE_TURN": ("    }, pass_turn);\n", "    }, [] {});\n    pass_turn();\n"),
+    "LAB_NO_EXCHANGE": ("  return best;\n}\n",
+                        "  if (best.exchange) best.exchange = false, "
+                        "best.passes = int(mla::ceil_div(best.latent_tiles, best.blocks));\n  return best;\n}\n"),
+}
+VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's table
+    "xchg": ("LAB_GEMM2_DRAIN", "LAB_LATE_TURN"),
+    "xchg_w2": (),  # the committed kernel
+    "xchg_w12": ("LAB_GEMM1_IN_FLIGHT",),
+    "w12": ("LAB_GEMM1_IN_FLIGHT", "LAB_NO_EXCHANGE"),
+}
+EXTRA_SHAPES = (
+    Shape(1, 513, 200, 512, 5, 64),
+    Shape(1, 1000, 2048, 512, 1, 64),
+    Shape(3, 333, 1000, 256, 3, 128),
+    Shape(1, 16384, 64, 64, 1, 64),
+    Shape(1, 257, 7168, 512, 16, 128),
+    Shape(1, 384, 136, 120, 2, 96),
+)
+REAL_SHAPES = (V2_LITE, V2_LITE.with_tokens(1, 8192), V3_TP8, V3.with_tokens(1, 16384))
+TIMED_SHAPES = {"toy": TOY, "v2l-512": V2_LITE.with_tokens(1, 512), "v2l-4096": V2_LITE,
+                "v2l-8192": V2_LITE.with_tokens(1, 8192), "v3tp8-4096": V3_TP8, "v3-16384": V3.with_tokens(1, 16384)}
+
+
+def lab_source() -> Path:
+    text = (steps.KERNELS_DIR / "06_hopper.cu").read_text()
+    for switch, (original, replacement) in SWITCHES.items():
+        if text.count(original) != 1:
+            raise RuntimeError(f"{switch}: kernels/06_hopper.cu no longer has exactly one {original!r}")
+        text = text.replace(original, f"#ifdef {switch}\n{replacement}#else\n{original}#endif\n"
+                            if original.endswith("\n") else
+                            f"\n#ifdef {switch}\n{replacement}\n#else\n{original}\n#endif\n")
+    return _write("06_lab.cu", text)
+
+
+def previous_source() -> Path:
+    text = subprocess.run(["git", "show", f"{PREVIOUS_COMMIT}:kernels/06_hopper.cu"], check=True,
+                          capture_output=True, text=True, cwd=steps.REPO).stdout
+    return _write("06_previous.cu", text)
+
+
+def _write(name: str, text: str) -> Path:
+    BUILD.mkdir(exist_ok=True)
+    path = BUILD / name
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def kernel(name: str) -> steps.Kernel:
+    if name == "previous":
+        source, flags = previous_source(), ()
+    else:
+        source, flags = lab_source(), tuple(f"-D{switch}" for switch in VARIANTS[name])
+    library = build.build_step(source, f"lab06_{name}", steps.HOPPER_ARCH_FLAGS + flags)
+    return steps.Kernel(steps.get(6), source, library)
+
+
+def check_variant(name: str) -> bool:
+    k, started = kernel(name), time.time()
+    verdicts = check.check_matrix(k, "cuda", (*check.SHAPE_MATRIX, *EXTRA_SHAPES), (torch.bfloat16,), trials=3)
+    verdicts += [check.check(k, s, torch.bfloat16, "cuda", trials=1) for s in REAL_SHAPES]
+    print(f"{name}: {check.summary(verdicts)} ({time.time() - started:.0f} s)", flush=True)
+    for verdict in verdicts:
+        if not verdict.ok:
+            print("   ", verdict)
+    return all(v.ok for v in verdicts)
+
+
+def time_variants(names: list[str]) -> None:
+    kernels = {name: kernel(name) for name in names}
+    for label, shape in TIMED_SHAPES.items():
+        inputs = make_inputs(shape, torch.bfloat16, "cuda", seed=1)
+        out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
+        w_cat = layout.concat_weights(inputs.w_up_k, inputs.w_up_v)
+        calls = {name: (lambda k=k: k(*inputs, shape.heads, out=out)) for name, k in kernels.items()}
+        calls["cuBLAS"] = lambda: layout.concat_projection(inputs.hidden, inputs.w_down, w_cat, shape.heads, out)
+        calls["eager"] = lambda: reference(*inputs, shape.heads)
+        rounds = {name: [] for name in calls}
+        for _ in range(2):
+            for name, call in calls.items():
+                rounds[name].append(bench.time_fn(call, "graph").median_us)
+        print(label.ljust(11) + "  ".join(f"{n} {min(v):.1f}/{max(v):.1f}" for n, v in rounds.items()), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    print(bench.device_line(), flush=True)
+    if argv[0] == "check":
+        return 0 if check_variant(argv[1]) else 1
+    if argv[0] == "time":
+        time_variants(argv[1:])
+        return 0
+    shape = Shape(*map(int, argv[1:7]))
+    verdict = check.check(kernel(argv[0]), shape, torch.bfloat16, "cuda", trials=1)
+    print(argv[0], verdict)
+    return 0 if verdict.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
