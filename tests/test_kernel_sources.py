@@ -39,13 +39,17 @@ def test_there_are_sources():
     assert {p.name for p in SOURCES} >= {step.filename for step in STEPS}
 
 
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
-def test_compiles_for_its_gpus_without_spills(source, tmp_path):
-    result = subprocess.run(
-        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *ARCHS_OF.get(source.name, ARCHS), *TORCH_NVCC_DEFINES,
+def compile_with_ptxas_report(source, arch_flags, tmp_path, defines=()):
+    return subprocess.run(
+        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *arch_flags, *TORCH_NVCC_DEFINES, *defines,
          "-Xptxas", "-v", str(source), "-o", str(tmp_path / "step.o")],
         capture_output=True, text=True,
     )
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_compiles_for_its_gpus_without_spills(source, tmp_path):
+    result = compile_with_ptxas_report(source, ARCHS_OF.get(source.name, ARCHS), tmp_path)
     assert result.returncode == 0, result.stderr
     spills = re.findall(r"(\d+) bytes spill stores", result.stderr)
     assert spills and all(s == "0" for s in spills), result.stderr
@@ -60,15 +64,13 @@ def _step6_lab():
     return module
 
 
-@pytest.mark.parametrize("variant", ["xchg", "xchg_w2", "xchg_w12", "w12"])
+STEP6_LAB = _step6_lab()
+
+
+@pytest.mark.parametrize("variant", sorted(STEP6_LAB.VARIANTS))
 def test_step6_lab_variants_still_apply_and_compile(variant, tmp_path):
     """experiments/step6/lab.py edits kernels/06_hopper.cu: each A/B variant in NOTES.md stays buildable."""
-    lab = _step6_lab()
-    result = subprocess.run(
-        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *ARCHS_OF["06_hopper.cu"], *TORCH_NVCC_DEFINES,
-         *(f"-D{switch}" for switch in lab.VARIANTS[variant]), "-Xptxas", "-v", str(lab.lab_source()),
-         "-o", str(tmp_path / "lab.o")],
-        capture_output=True, text=True,
-    )
+    switches = [f"-D{switch}" for switch in STEP6_LAB.VARIANTS[variant]]
+    result = compile_with_ptxas_report(STEP6_LAB.lab_source(), ARCHS_OF["06_hopper.cu"], tmp_path, switches)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr

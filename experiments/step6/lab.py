@@ -4,7 +4,8 @@ The variants are kernels/06_hopper.cu with compile-time switches that undo one m
 each; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the text a
 switch edits). Each variant is checked against the float64 oracle (fresh inputs, NaN-poisoned
 output) in its own process, so a hang costs one variant, then all are timed in one process on the
-same inputs, graph replay, two rounds, beside cuBLAS and eager:
+same inputs (`bench.compare`, which checks each output first), graph replay, two rounds, beside
+cuBLAS and eager:
 
     python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
     python experiments/step6/lab.py time VARIANT...        # µs, min/max of two rounds
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from mla_lab import bench, build, check, layout, steps
-from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, reference
+from mla_lab import bench, build, check, steps
+from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape
 
 BUILD = Path(__file__).resolve().parent / "build"
 PREVIOUS_COMMIT = "56d7bc8"
@@ -102,16 +103,10 @@ def check_variant(name: str) -> bool:
 def time_variants(names: list[str]) -> None:
     kernels = {name: kernel(name) for name in names}
     for label, shape in TIMED_SHAPES.items():
-        inputs = make_inputs(shape, torch.bfloat16, "cuda", seed=1)
-        out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
-        w_cat = layout.concat_weights(inputs.w_up_k, inputs.w_up_v)
-        calls = {name: (lambda k=k: k(*inputs, shape.heads, out=out)) for name, k in kernels.items()}
-        calls["cuBLAS"] = lambda: layout.concat_projection(inputs.hidden, inputs.w_down, w_cat, shape.heads, out)
-        calls["eager"] = lambda: reference(*inputs, shape.heads)
-        rounds = {name: [] for name in calls}
-        for _ in range(2):
-            for name, call in calls.items():
-                rounds[name].append(bench.time_fn(call, "graph").median_us)
+        rounds: dict[str, list[float]] = {}
+        for _ in range(2):  # bench.compare checks each kernel on the inputs, then times it and the peers
+            for timing in bench.compare(kernels, shape, torch.bfloat16, "graph", seed=1):
+                rounds.setdefault(timing.name, []).append(timing.median_us)
         print(label.ljust(11) + "  ".join(f"{n} {min(v):.1f}/{max(v):.1f}" for n, v in rounds.items()), flush=True)
 
 
