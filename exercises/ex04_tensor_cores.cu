@@ -31,33 +31,6 @@
 
 namespace {
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void copy_async_16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)), "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most `pending` groups (the slices being prefetched) are still in flight.
-// wait_group takes an immediate, hence the switch.
-__device__ __forceinline__ void wait_for_copies(int pending) {
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-  }
-}
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 // The tensor-core instruction for each input type, and how its fragments are read from shared
 // memory (row-major tiles, `stride` elements per row). Lane l holds parts of rows l / 4 and
 // l / 4 + 8 (PTX ISA, "Matrix fragments for mma.m16n8k16" and "... m16n8k8").
@@ -76,7 +49,7 @@ struct TensorCore<__nv_bfloat16> {
     const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(shared_address(row)));
+                 : "r"(mla::shared_address(row)));
   }
   // B: two 8-wide column tiles of the 16 x 16 tile at `tile` (rows are k, so transpose).
   __device__ static void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2],
@@ -85,7 +58,7 @@ struct TensorCore<__nv_bfloat16> {
     const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
-                 : "r"(shared_address(row)));
+                 : "r"(mla::shared_address(row)));
   }
   __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile(
@@ -181,8 +154,8 @@ __device__ __forceinline__ void stage(T* dst, int stride, Source source, Inside 
   for (int e = threadIdx.x; e < kRows * kWidth / C::kVector; e += C::kThreads) {
     const int r = e / (kWidth / C::kVector), c = e % (kWidth / C::kVector) * C::kVector;
     T* to = dst + r * stride + c;
-    if (inside(r, c, C::kVector) && aligned16(source(r, c))) {
-      copy_async_16(to, source(r, c));
+    if (inside(r, c, C::kVector) && mla::aligned16(source(r, c))) {
+      mla::copy_async_16(to, source(r, c));
     } else {
       for (int q = 0; q < C::kVector; ++q) {
         to[q] = inside(r, c + q, 1) ? *source(r, c + q) : mla::from_float<T>(0.0f);
@@ -220,7 +193,7 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const P
           const bool one_part = column >= weights.split || column + n <= weights.split;
           return k0 + r < depth && column + n <= columns && one_part;
         });
-    commit_copies();
+    mla::commit_copies();
   };
 
   // A ring of `stages` buffers: slices s + 1 .. s + stages - 1 are in flight while slice s is
@@ -231,11 +204,11 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const P
     if (i < slices) {
       stage_slice(i * C::kSlice, i);
     } else {
-      commit_copies();
+      mla::commit_copies();
     }
   }
   for (int64_t s = 0; s < slices; ++s) {
-    wait_for_copies(stages - 2);
+    mla::wait_for_copies(stages - 2);
     // Slice s, from every thread's copies, is in shared memory, and every warp is done with
     // slice s - 1, whose buffer is refilled next.
     __syncthreads();
@@ -243,7 +216,7 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const P
     if (next < slices) {
       stage_slice(next * C::kSlice, int(next % stages));
     } else {
-      commit_copies();
+      mla::commit_copies();
     }
     const int buffer = int(s % stages);
     const T* a_tile = kFromLatent ? latent + s * C::kSlice : a_stages + buffer * C::kTokens * C::kStrideA;

@@ -135,6 +135,14 @@ STEPS = (
         fallback=5,
         fast_path="bf16 on an sm_90 GPU, d_model and rank multiples of 8, heads*head_dim a multiple of 64, 16-byte aligned tensors",
     ),
+    Step(
+        7,
+        "latency",
+        "for few tokens: 8-token blocks, every weight slice in flight at once through one cp.async ring",
+        "07_latency.cu",
+        max_rank=512,
+        limit_reason="the fp32 latent of 8 tokens and the partial sums beside the 8-stage ring must fit the 99 KB of shared memory per block that Ada offers",
+    ),
 )
 
 

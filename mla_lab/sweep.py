@@ -41,11 +41,12 @@ SHAPES: dict[str, Shape] = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PEERS = ("eager", "cuBLAS concat", "cuBLAS concat TF32", "torch.compile")
 
-# Steps 1 and 2 do work that grows with tokens x weights; past these estimates a call takes so
+# Steps 1, 2 and 7 do work that grows with tokens x weights; past these estimates a call takes so
 # long that timing it would eat the sweep. Rates are what they sustained on the H200.
 SLOW_STEP_RATE = {
     1: lambda s: s.tokens * 2 * s.width * s.d_model * s.rank / 2.0e12,  # redundant FMAs/s
     2: lambda s: s.flops() / 2 / 3.0e12,  # useful FMAs/s with every weight re-read per token
+    7: lambda s: s.flops() / 2 / 2.4e12,  # useful FMAs/s, 8-token blocks on the FP32 pipes
 }
 MAX_CALL_SECONDS = 0.02
 
@@ -415,6 +416,22 @@ def targets(sweep: Sweep, mode: str = "graph") -> list[Target]:
     relative("v2_lite@4096", "fp32", "cuBLAS concat", 0.9, "fp32", "fp32 (FFMA steps)")
     relative("v2_lite@4096", "fp32", "cuBLAS concat TF32", 1.0, "tf32", "fp32 (TF32 steps)")
     return report
+
+
+def point_table(sweep: Sweep, shape: str, mode: str = "graph") -> str:
+    """Every contender at one sweep point, fp32 and bf16 side by side (µs, or why there is none)."""
+
+    def cell(name: str, dtype: str) -> str:
+        r = sweep.find(name, shape, dtype, mode)
+        if r is None:
+            return "–"
+        return f"{r.median_us:,.1f}" if r.status == "ok" else r.status
+
+    names = list(dict.fromkeys(r.name for r in sweep.results if r.shape == shape and r.mode == mode))
+    names.sort(key=lambda n: (not n.startswith("step"), n))
+    lines = [f"{shape}, {mode} mode, median µs", f"{'':24} {'fp32':>10} {'bf16':>10}"]
+    lines += [f"{name:24} {cell(name, 'fp32'):>10} {cell(name, 'bf16'):>10}" for name in names]
+    return "\n".join(lines)
 
 
 def targets_table(sweep: Sweep, mode: str = "graph") -> str:

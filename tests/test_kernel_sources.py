@@ -57,14 +57,15 @@ def test_compiles_for_its_gpus_without_spills(source, tmp_path):
     assert "wgmma.mma_async instructions are serialized" not in result.stderr, result.stderr
 
 
-def _step6_lab():
-    spec = importlib.util.spec_from_file_location("step6_lab", REPO / "experiments" / "step6" / "lab.py")
+def _lab(step: str):
+    spec = importlib.util.spec_from_file_location(f"{step}_lab", REPO / "experiments" / step / "lab.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-STEP6_LAB = _step6_lab()
+STEP6_LAB = _lab("step6")
+STEP7_LAB = _lab("step7")
 
 
 @pytest.mark.parametrize("variant", sorted(STEP6_LAB.VARIANTS))
@@ -74,3 +75,10 @@ def test_step6_lab_variants_still_apply_and_compile(variant, tmp_path):
     result = compile_with_ptxas_report(STEP6_LAB.lab_source(), ARCHS_OF["06_hopper.cu"], tmp_path, switches)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
+
+
+@pytest.mark.parametrize("variant", STEP7_LAB.VARIANTS)
+def test_step7_lab_variants_still_apply_and_compile(variant, tmp_path):
+    """experiments/step7/lab.py edits kernels/07_latency.cu: each leave-one-out copy in NOTES.md stays buildable."""
+    result = compile_with_ptxas_report(STEP7_LAB.lab_source(variant), ARCHS, tmp_path)
+    assert result.returncode == 0, result.stderr

@@ -56,3 +56,14 @@ def test_the_plots_are_drawn_from_the_json_and_committed(path):
     plt.close("all")
     for name in figures:
         assert path.with_name(f"{path.stem}_{name}.png").exists(), f"run `python -m mla_lab results` and commit {path.stem}_{name}.png"
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_a_point_table_lists_every_contender_in_both_dtypes(path):
+    record = sweep.Sweep.load(path)
+    table = sweep.point_table(record, "toy").splitlines()
+    assert table[1].split() == ["fp32", "bf16"]
+    rows = {line[:24].strip(): line[24:].split() for line in table[2:]}
+    assert set(rows) == {r.name for r in record.results if r.shape == "toy"}
+    toy_step7 = record.find("step 7 (latency)", "toy", "bf16")
+    assert rows["step 7 (latency)"][1] == f"{toy_step7.median_us:,.1f}"

@@ -1,0 +1,341 @@
+// Step 7 — latency: for few tokens, small blocks with every weight slice in flight at once.
+//
+// The toy (384 tokens, 19 MFLOP) is no work for an H200, yet notebook 07 measured steps 2–6 at
+// 11–43 µs there, none faster than cuBLAS's two launches: their blocks wait more than they
+// compute. Step 4, for one, gives a block 32 tokens and loads one 16-deep slice at a time, so
+// each of its 24 blocks makes 19 dependent trips to L2. What changed:
+// - A block owns 8 tokens, so the toy has 48 token tiles; output columns are split over blocks
+//   where that is faster (each split recomputes its 8-token latent, as in step 4), chosen by a
+//   waves x work count like step 4's.
+// - Every slice of weights (and of hidden) a block needs goes through one cp.async ring that
+//   runs across both GEMMs. Where a block's whole share fits in shared memory (the toy: two
+//   slices, one per GEMM) all of it is requested before any arithmetic, so a block waits on L2
+//   once; elsewhere 7 slices of 8 are in flight.
+// - A thread owns one output column of the pass and all 8 tokens; the 512 threads split the
+//   pass's depth into groups (8 groups of 64 lanes for the toy's 48 latent columns) and add their
+//   partial sums in shared memory at the end of the pass. Slices are padded with zeros to whole
+//   units of 4 rows, so the inner loop has no bounds tests (a first version tested every row, and
+//   ncu counted about 100 instructions per 32 multiply-adds in that loop).
+// FFMA in fp32, like step 4: tensor cores would not shorten a chain of waits.
+//
+// Launch limit: rank <= 512 (the fp32 latent of 8 tokens and the partial sums beside the 8-stage
+// ring must fit the 99 KB of shared memory per block that Ada offers).
+#include <stdint.h>
+
+#include <algorithm>
+
+#include "mla_common.cuh"
+
+namespace {
+
+constexpr int kThreads = 512;  // 16 warps: an SM's only block must hide its own latencies
+constexpr int kTokens = 8;   // tokens per block
+constexpr int kMaxStages = 8;  // ring depth when a block's slices do not all fit at once
+constexpr int kUnit = 4;     // depth rows a thread takes at a time: one vector of activations
+constexpr int kMaxPass = 256;  // columns of one pass; the threads split its depth in >= 2 groups
+
+// The launcher's choices, the same for every block.
+struct Geometry {
+  int64_t tokens, d_model, rank, width;  // width = heads * head_dim; the output has 2 * width columns
+  int latent_pass;     // latent columns per GEMM 1 pass: a multiple of 32, at most kMaxPass
+  int column_pass;     // output columns per GEMM 2 pass: 32, 64, 128 or 256
+  int rows_down;       // w_down rows per slice (a multiple of 8)
+  int rows_up;         // w_up rows per slice (a multiple of 8)
+  int stage_elements;  // elements per ring stage (a multiple of 8: stages stay 16-byte aligned)
+  int latent_stride;   // floats per latent row in shared memory
+  int column_tiles;    // GEMM 2 passes over the whole output: ceil(2 * width / column_pass)
+  int down_slices;     // slices per GEMM 1 pass: ceil(d_model / rows_down)
+  int up_slices;       // slices per GEMM 2 pass: ceil(rank / rows_up)
+  int latent_passes;   // ceil(rank / latent_pass)
+  int stages;          // ring depth: one per slice when all of a block's slices fit, else kMaxStages
+};
+
+// One slice of the ring: `rows` weight rows from `row0` of a pass over `columns` columns from
+// `column0`, for GEMM 1 (w_down, with the matching hidden columns) or GEMM 2 (w_up_k | w_up_v).
+struct Slice {
+  bool up;
+  bool ends_pass;
+  int pass_width;  // the pass's column count rounded up to 32: its stride in the stage
+  int columns;
+  int rows;
+  int64_t column0;
+  int64_t row0;
+};
+
+struct Schedule {
+  Geometry g;
+  int split, splits;
+
+  __device__ int down_total() const { return g.latent_passes * g.down_slices; }
+  __device__ int total() const {
+    const int my_tiles = (g.column_tiles - split + splits - 1) / splits;
+    return down_total() + my_tiles * g.up_slices;
+  }
+
+  __device__ Slice operator[](int q) const {
+    Slice s;
+    if (q < down_total()) {
+      const int pass = q / g.down_slices, i = q - pass * g.down_slices;
+      s.up = false;
+      s.ends_pass = i == g.down_slices - 1;
+      s.pass_width = g.latent_pass;
+      s.column0 = int64_t(pass) * g.latent_pass;
+      s.columns = int(min(int64_t(g.latent_pass), g.rank - s.column0));
+      s.row0 = int64_t(i) * g.rows_down;
+      s.rows = int(min(int64_t(g.rows_down), g.d_model - s.row0));
+    } else {
+      q -= down_total();
+      const int index = q / g.up_slices, i = q - index * g.up_slices;
+      s.up = true;
+      s.ends_pass = i == g.up_slices - 1;
+      s.pass_width = g.column_pass;
+      s.column0 = int64_t(split + index * splits) * g.column_pass;
+      s.columns = int(min(int64_t(g.column_pass), 2 * g.width - s.column0));
+      s.row0 = int64_t(i) * g.rows_up;
+      s.rows = int(min(int64_t(g.rows_up), g.rank - s.row0));
+    }
+    return s;
+  }
+};
+
+// rows x columns elements into shared memory (row strides `ld` and `stride`), and zeros over the
+// rest of padded_rows x padded_columns, so that the arithmetic needs no bounds tests. 16-byte
+// cp.async where a run is whole and both ends are aligned, element by element where not (tails,
+// odd widths, misaligned views, the k|v boundary), so every shape stays correct.
+template <typename T>
+__device__ void fetch(T* dst, int stride, const T* src, int64_t ld, int rows, int columns,
+                      int padded_rows, int padded_columns) {
+  constexpr int V = 16 / sizeof(T);
+  const int runs = (padded_columns + V - 1) / V;  // at most kMaxPass / 4: every thread's run fixed
+  const int row_step = kThreads / runs, c = threadIdx.x % runs * V;
+  if (int(threadIdx.x) >= row_step * runs) return;
+  for (int r = threadIdx.x / runs; r < padded_rows; r += row_step) {
+    T* to = dst + r * stride + c;
+    const T* from = src + r * ld + c;
+    if (r < rows && c + V <= columns && mla::aligned16(to) && mla::aligned16(from)) {
+      mla::copy_async_16(to, from);
+      continue;
+    }
+    for (int i = 0; i < V && c + i < padded_columns; ++i) {
+      to[i] = r < rows && c + i < columns ? from[i] : mla::from_float<T>(0.0f);
+    }
+  }
+}
+
+template <typename T>
+__device__ void issue(const Slice& s, T* stage, const Geometry& g, const T* hidden, const T* w_down,
+                      const T* w_up_k, const T* w_up_v, int64_t token0, int tokens_here) {
+  const int padded_rows = (s.rows + kUnit - 1) / kUnit * kUnit;
+  if (!s.up) {
+    fetch(stage, s.pass_width, w_down + s.row0 * g.rank + s.column0, g.rank, s.rows, s.columns,
+          padded_rows, s.columns);
+    // kTokens x rows_down, token-major; rows past the last token are zeros.
+    fetch(stage + g.rows_down * s.pass_width, g.rows_down, hidden + token0 * g.d_model + s.row0,
+          g.d_model, tokens_here, s.rows, kTokens, padded_rows);
+    return;
+  }
+  // Output columns [column0, column0 + columns) of [w_up_k | w_up_v]: the k part, then the v part.
+  const int64_t end = s.column0 + s.columns;
+  if (s.column0 < g.width) {
+    const int columns = int(min(end, g.width) - s.column0);
+    fetch(stage, s.pass_width, w_up_k + s.row0 * g.width + s.column0, g.width, s.rows, columns,
+          padded_rows, columns);
+  }
+  if (end > g.width) {
+    const int64_t v0 = max(s.column0, g.width);
+    fetch(stage + (v0 - s.column0), s.pass_width, w_up_v + s.row0 * g.width + (v0 - g.width),
+          g.width, s.rows, int(end - v0), padded_rows, int(end - v0));
+  }
+}
+
+__device__ __forceinline__ void load_unit(float (&a)[kUnit], const float* p) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+}
+__device__ __forceinline__ void load_unit(float (&a)[kUnit], const __nv_bfloat16* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  a[0] = lo.x, a[1] = lo.y, a[2] = hi.x, a[3] = hi.y;
+}
+
+// acc[m] += activations[m][k] * weights[k][column] over this depth group's rows of the slice:
+// units group, group + groups, ... of kUnit rows. Past `rows`, up to the next whole unit, both
+// operands are zeros (fetch pads them), so no row needs a test.
+template <typename T, typename A>
+__device__ __forceinline__ void accumulate(float (&acc)[kTokens], const T* weights, int stride,
+                                           const A* activations, int activation_stride, int rows,
+                                           int column, int group, int groups) {
+  for (int k = group * kUnit; k < rows; k += groups * kUnit) {
+    float a[kTokens][kUnit];
+#pragma unroll
+    for (int m = 0; m < kTokens; ++m) load_unit(a[m], activations + m * activation_stride + k);
+#pragma unroll
+    for (int i = 0; i < kUnit; ++i) {
+      const float w = mla::to_float(weights[(k + i) * stride + column]);
+#pragma unroll
+      for (int m = 0; m < kTokens; ++m) acc[m] += a[m][i] * w;
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    latency_kernel(const T* __restrict__ hidden, const T* __restrict__ w_down,
+                   const T* __restrict__ w_up_k, const T* __restrict__ w_up_v, T* __restrict__ out,
+                   const Geometry g) {
+  extern __shared__ float4 shared_vectors[];  // float4 so every region below is 16-byte aligned
+  float* partial = reinterpret_cast<float*>(shared_vectors);  // kTokens x kThreads partial sums
+  float* latent = partial + kTokens * kThreads;               // kTokens x latent_stride
+  T* ring = reinterpret_cast<T*>(latent + kTokens * g.latent_stride);
+  const int64_t token0 = int64_t(blockIdx.x) * kTokens;
+  const int tokens_here = int(min(int64_t(kTokens), g.tokens - token0));
+  const Schedule schedule{g, int(blockIdx.y), int(gridDim.y)};
+  const int total = schedule.total();
+  auto stage = [&](int q) { return ring + (q % g.stages) * g.stage_elements; };
+  // The latent's padding columns are GEMM 2's last unit: zeros, like the weight rows they meet.
+  for (int e = threadIdx.x; e < kTokens * (g.latent_stride - g.rank); e += kThreads) {
+    const int m = e / (g.latent_stride - int(g.rank)), c = int(g.rank) + e % (g.latent_stride - int(g.rank));
+    latent[m * g.latent_stride + c] = 0.0f;
+  }
+
+  // The ring: `ahead` slices are requested before any arithmetic, every slice when they all fit,
+  // else stages - 1 of them, the last stage being refilled as each slice is used. Each step
+  // commits one group (empty past the end), so "all but ahead - 1 groups done" means "slice q has
+  // landed".
+  const int ahead = total <= g.stages ? total : g.stages - 1;
+  for (int q = 0; q < ahead; ++q) {
+    issue(schedule[q], stage(q), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
+    mla::commit_copies();
+  }
+  float acc[kTokens] = {};
+  for (int q = 0; q < total; ++q) {
+    mla::wait_for_copies(ahead - 1);
+    __syncthreads();  // slice q is in, from every thread's copies; slice q - 1's stage is free
+    const int next = q + ahead;
+    if (next < total) {
+      issue(schedule[next], stage(next), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
+    }
+    mla::commit_copies();
+
+    const Slice s = schedule[q];
+    const int column = threadIdx.x % s.pass_width, group = threadIdx.x / s.pass_width;
+    const int groups = kThreads / s.pass_width;
+    if (group < groups && column < s.columns) {
+      const T* weights = stage(q);
+      if (s.up) {
+        accumulate(acc, weights, s.pass_width, latent + s.row0, g.latent_stride, s.rows, column,
+                   group, groups);
+      } else {
+        accumulate(acc, weights, s.pass_width, weights + g.rows_down * s.pass_width, g.rows_down,
+                   s.rows, column, group, groups);
+      }
+    }
+    if (!s.ends_pass) continue;
+
+    // End of a pass: add the depth groups' partial sums, then keep (GEMM 1) or store (GEMM 2).
+#pragma unroll
+    for (int m = 0; m < kTokens; ++m) {
+      partial[m * kThreads + threadIdx.x] = acc[m];
+      acc[m] = 0.0f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTokens * s.columns; e += kThreads) {
+      const int m = e / s.columns, c = e % s.columns;
+      float sum = 0.0f;
+      for (int j = 0; j < groups; ++j) sum += partial[m * kThreads + j * s.pass_width + c];
+      if (!s.up) {
+        latent[m * g.latent_stride + s.column0 + c] = sum;
+      } else if (m < tokens_here) {
+        out[(token0 + m) * (2 * g.width) + s.column0 + c] = mla::from_float<T>(sum);
+      }
+    }
+    // The next write to `partial` ends the next pass, after at least one more barrier above.
+  }
+}
+
+// Blocks of this many columns per GEMM 2 pass, and this many splits of a token tile's passes
+// over blocks: the fewest waves of blocks times one block's multiply-adds per token.
+struct Split {
+  int column_pass;
+  int splits;
+};
+
+Split choose_split(int64_t token_tiles, const Geometry& g) {
+  const int64_t slots = mla::multiprocessor_count();
+  Split best{kMaxPass, 1};
+  double best_cost = 0.0;
+  for (int pass = kMaxPass; pass >= 32; pass /= 2) {  // on a tie the wider pass: fewer barriers
+    const int64_t tiles = mla::ceil_div(2 * g.width, pass);
+    for (int64_t splits = 1; splits <= tiles && splits <= 1024; ++splits) {
+      const double waves = double(mla::ceil_div(token_tiles * splits, slots));
+      const double work = double(g.d_model) * double(g.rank) +
+                          double(g.rank) * pass * double(mla::ceil_div(tiles, splits));
+      const double cost = waves * work;
+      if (best_cost == 0.0 || cost < 0.999 * best_cost) {
+        best = Split{pass, int(splits)};
+        best_cost = cost;
+      }
+    }
+  }
+  return best;
+}
+
+template <typename T>
+cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
+  Geometry g{};
+  g.tokens = p.tokens;
+  g.d_model = p.d_model;
+  g.rank = p.rank;
+  g.width = p.heads * p.head_dim;
+  g.latent_pass = int(std::min<int64_t>(mla::round_up(p.rank, 32), kMaxPass));
+  g.latent_stride = int(mla::round_up(p.rank, kUnit));
+  const int64_t token_tiles = mla::ceil_div(p.tokens, kTokens);
+  const Split split = choose_split(token_tiles, g);
+  g.column_pass = split.column_pass;
+  g.column_tiles = int(mla::ceil_div(2 * g.width, g.column_pass));
+  g.latent_passes = int(mla::ceil_div(p.rank, g.latent_pass));
+
+  // Every slice of a block in flight at once where that fits beside the latent: a slice per
+  // pass (the toy: one for GEMM 1, one for GEMM 2). Elsewhere a ring of kMaxStages slices of up
+  // to 12 KB, as large as this GPU's shared memory allows.
+  int device = 0, limit = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  const size_t fixed_bytes = sizeof(float) * kTokens * (kThreads + size_t(g.latent_stride));
+  if (size_t(limit) <= fixed_bytes) return cudaErrorInvalidValue;
+  const int64_t room = limit - int64_t(fixed_bytes);
+  auto stage_elements = [&](int64_t rows_down, int64_t rows_up) {
+    return std::max(rows_down * (g.latent_pass + kTokens), rows_up * g.column_pass);
+  };
+  const int64_t passes = g.latent_passes + mla::ceil_div(g.column_tiles, split.splits);
+  const int64_t whole = stage_elements(mla::round_up(p.d_model, 8), mla::round_up(p.rank, 8));
+  if (passes <= kMaxStages && passes * whole * int64_t(sizeof(T)) <= room) {
+    g.stages = int(passes);
+    g.rows_down = int(mla::round_up(p.d_model, 8));
+    g.rows_up = int(mla::round_up(p.rank, 8));
+  } else {
+    g.stages = kMaxStages;
+    const int64_t budget = std::min<int64_t>(12 * 1024, room / kMaxStages) / int64_t(sizeof(T));
+    g.rows_down = int(std::min(std::max<int64_t>(budget / (g.latent_pass + kTokens) / 8 * 8, 8),
+                               mla::round_up(p.d_model, 8)));
+    g.rows_up = int(std::min(std::max<int64_t>(budget / g.column_pass / 8 * 8, 8),
+                             mla::round_up(p.rank, 8)));
+  }
+  g.down_slices = int(mla::ceil_div(p.d_model, g.rows_down));
+  g.up_slices = int(mla::ceil_div(p.rank, g.rows_up));
+  g.stage_elements = int(stage_elements(g.rows_down, g.rows_up));
+  const size_t shared_bytes = fixed_bytes + size_t(g.stages) * g.stage_elements * sizeof(T);
+  err = mla::allow_shared_memory(latency_kernel<T>, shared_bytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid{unsigned(token_tiles), unsigned(split.splits)};
+  latency_kernel<T><<<grid, kThreads, shared_bytes, stream>>>(
+      static_cast<const T*>(p.hidden), static_cast<const T*>(p.w_down),
+      static_cast<const T*>(p.w_up_k), static_cast<const T*>(p.w_up_v), static_cast<T*>(p.out), g);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+MLA_DEFINE_LAUNCHER(launch)
