@@ -54,8 +54,10 @@ def lab_source(name: str) -> Path:
 
 def main() -> int:
     print(bench.device_line(), flush=True)
-    kernels = {n: steps.Kernel(steps.get(7), lab_source(n), build.build_step(lab_source(n), f"lab07_{n}", ()))
-               for n in VARIANTS}
+    kernels = {}
+    for name in VARIANTS:
+        source = lab_source(name)
+        kernels[name] = steps.Kernel(steps.get(7), source, build.build_step(source, f"lab07_{name}", ()))
     for label, shape, dtype in TIMED:
         inputs = make_inputs(shape, dtype, "cuda", 0)
         out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
