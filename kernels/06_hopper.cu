@@ -64,13 +64,10 @@ struct Shapes {
   // The groups of a token tile either each compute the whole latent (exchange == 0), or split it
   // and exchange their slices through `scratch` in global memory, `ready` counting the writers.
   int exchange;
-  int latent_tiles;
-  int64_t latent_columns;  // row length of scratch: latent_tiles * 128
+  int latent_tiles;  // scratch rows hold latent_tiles * kColumns columns
   __nv_bfloat16* scratch;
   unsigned* ready;
 };
-
-__device__ __forceinline__ uint32_t smem(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
 // ---- mbarriers and TMA ---------------------------------------------------------------------
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
@@ -258,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   Shapes s) {
   extern __shared__ uint8_t shared_raw[];
   // The swizzle is a function of address bits 4-9: every slot and chunk starts 1024-aligned.
-  const uint32_t base = (smem(shared_raw) + 1023) & ~1023u;
+  const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
   const Ring ring{base, base + kStages * kStageBytes + kTokens * kMaxRank * 2,
                   base + kStages * kStageBytes + kTokens * kMaxRank * 2 + kStages * 8};
   const uint32_t latent = base + kStages * kStageBytes;
@@ -316,11 +313,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles
         wait_for_writers(s.ready + token_tile, unsigned(s.groups) * blocks);
         asm volatile("fence.proxy.async.global;" ::: "memory");  // generic writes, TMA reads
-        int foreign = 0;
-        for (int t = 0; t < s.latent_tiles; ++t) foreign += t / s.passes / int(blocks) != group;
-        barrier_expect_bytes(latent_loaded, uint32_t(foreign) * 2 * kLatentChunkBytes);
+        auto foreign = [&](int t) { return t / s.passes / int(blocks) != group; };  // another group's
+        int foreign_tiles = 0;
+        for (int t = 0; t < s.latent_tiles; ++t) foreign_tiles += foreign(t);
+        barrier_expect_bytes(latent_loaded, uint32_t(foreign_tiles) * 2 * kLatentChunkBytes);
         for (int t = 0; t < s.latent_tiles; ++t) {
-          if (t / s.passes / int(blocks) == group) continue;
+          if (!foreign(t)) continue;
           for (int half = 0; half < 2; ++half) {
             tma_load(latent + (2 * t + half) * kLatentChunkBytes, scratch_map, (2 * t + half) * kChunk,
                      int(token0), latent_loaded);
@@ -402,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t value = pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
       for (uint32_t block = 0; block < blocks; ++block) store_in_block(where, block, value);
       if (s.exchange) {
-        *reinterpret_cast<uint32_t*>(s.scratch + (token0 + consumer * 64 + row) * s.latent_columns +
+        *reinterpret_cast<uint32_t*>(s.scratch + (token0 + consumer * 64 + row) * s.latent_tiles * kColumns +
                                      column0 + column) = value;
       }
     });
@@ -609,8 +607,7 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   if (plan.exchange && (err = cudaMemsetAsync(ready, 0, plan.ready_bytes(), stream)) != cudaSuccess) return err;
 
   const Shapes shapes{p->tokens, p->d_model, p->rank, width, plan.passes, int(plan.groups),
-                      int(plan.exchange), int(plan.latent_tiles), plan.latent_tiles * kColumns,
-                      scratch, ready};
+                      int(plan.exchange), int(plan.latent_tiles), scratch, ready};
   cluster.val.clusterDim.x = unsigned(plan.blocks);
   config.gridDim = dim3(unsigned(plan.token_tiles * plan.groups * plan.blocks));
   err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,

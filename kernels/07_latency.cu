@@ -11,12 +11,16 @@
 //   runs across both GEMMs. Where a block's whole share fits in shared memory (the toy: two
 //   slices, one per GEMM) all of it is requested before any arithmetic, so a block waits on L2
 //   once; elsewhere 7 slices of 8 are in flight.
-// - A thread owns one output column of the pass and all 8 tokens; the 512 threads split the
-//   pass's depth into groups (8 groups of 64 lanes for the toy's 48 latent columns) and add their
-//   partial sums in shared memory at the end of the pass. Slices are padded with zeros to whole
-//   units of 4 rows, so the inner loop has no bounds tests (a first version tested every row, and
-//   ncu counted about 100 instructions per 32 multiply-adds in that loop).
-// FFMA in fp32, like step 4: tensor cores would not shorten a chain of waits.
+// - A thread owns two adjacent output columns of the pass and all 8 tokens, so each activation
+//   it loads feeds two multiply-adds (with one column per thread, GEMM 1 of the toy ran at 23 of
+//   an SM's 128 FMA per cycle: kernels/NOTES.md). 256 of the 512 threads compute: they split
+//   the pass's depth into groups (8 groups of 32 column pairs for the toy's 48 latent columns)
+//   and add their partial sums in shared memory at the end of the pass; all 512 issue copies and
+//   add. Slices are padded with zeros to whole units of 4 rows and to an even column count, so
+//   the inner loop has no bounds tests (a first version tested every row, and ncu counted about
+//   100 instructions per 32 multiply-adds in that loop).
+// FFMA in both dtypes, like step 4. What limits it is measured in kernels/NOTES.md: instructions
+// issued and the rate at which an SM's cp.async copies arrive, not L2 bandwidth.
 //
 // Launch limit: rank <= 512 (the fp32 latent of 8 tokens and the partial sums beside the 8-stage
 // ring must fit the 99 KB of shared memory per block that Ada offers).
@@ -29,10 +33,11 @@
 namespace {
 
 constexpr int kThreads = 512;  // 16 warps: an SM's only block must hide its own latencies
+constexpr int kComputing = 256;  // threads that multiply: kTokens x 2 partial sums each
 constexpr int kTokens = 8;   // tokens per block
 constexpr int kMaxStages = 8;  // ring depth when a block's slices do not all fit at once
 constexpr int kUnit = 4;     // depth rows a thread takes at a time: one vector of activations
-constexpr int kMaxPass = 256;  // columns of one pass; the threads split its depth in >= 2 groups
+constexpr int kMaxPass = 256;  // columns of one pass: 128 pairs, so its depth splits in >= 2 groups
 
 // The launcher's choices, the same for every block.
 struct Geometry {
@@ -126,9 +131,10 @@ template <typename T>
 __device__ void issue(const Slice& s, T* stage, const Geometry& g, const T* hidden, const T* w_down,
                       const T* w_up_k, const T* w_up_v, int64_t token0, int tokens_here) {
   const int padded_rows = (s.rows + kUnit - 1) / kUnit * kUnit;
+  const int odd = s.columns % 2;  // the last pair's second column: zeros, from the last part fetched
   if (!s.up) {
     fetch(stage, s.pass_width, w_down + s.row0 * g.rank + s.column0, g.rank, s.rows, s.columns,
-          padded_rows, s.columns);
+          padded_rows, s.columns + odd);
     // kTokens x rows_down, token-major; rows past the last token are zeros.
     fetch(stage + g.rows_down * s.pass_width, g.rows_down, hidden + token0 * g.d_model + s.row0,
           g.d_model, tokens_here, s.rows, kTokens, padded_rows);
@@ -139,12 +145,12 @@ __device__ void issue(const Slice& s, T* stage, const Geometry& g, const T* hidd
   if (s.column0 < g.width) {
     const int columns = int(min(end, g.width) - s.column0);
     fetch(stage, s.pass_width, w_up_k + s.row0 * g.width + s.column0, g.width, s.rows, columns,
-          padded_rows, columns);
+          padded_rows, columns + (end > g.width ? 0 : odd));
   }
   if (end > g.width) {
     const int64_t v0 = max(s.column0, g.width);
     fetch(stage + (v0 - s.column0), s.pass_width, w_up_v + s.row0 * g.width + (v0 - g.width),
-          g.width, s.rows, int(end - v0), padded_rows, int(end - v0));
+          g.width, s.rows, int(end - v0), padded_rows, int(end - v0) + odd);
   }
 }
 
@@ -158,23 +164,32 @@ __device__ __forceinline__ void load_unit(float (&a)[kUnit], const __nv_bfloat16
   const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
   a[0] = lo.x, a[1] = lo.y, a[2] = hi.x, a[3] = hi.y;
 }
+__device__ __forceinline__ float2 load_pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
 
-// acc[m] += activations[m][k] * weights[k][column] over this depth group's rows of the slice:
-// units group, group + groups, ... of kUnit rows. Past `rows`, up to the next whole unit, both
-// operands are zeros (fetch pads them), so no row needs a test.
+using Sums = float[kTokens][2];  // one thread's tokens x its column pair
+
+// acc[m][j] += activations[m][k] * weights[k][column + j] over this depth group's rows of the
+// slice: units group, group + groups, ... of kUnit rows. Past `rows`, up to the next whole unit,
+// both operands are zeros (fetch pads them), so no row needs a test.
 template <typename T, typename A>
-__device__ __forceinline__ void accumulate(float (&acc)[kTokens], const T* weights, int stride,
-                                           const A* activations, int activation_stride, int rows,
-                                           int column, int group, int groups) {
+__device__ __forceinline__ void accumulate(Sums& acc, const T* weights, int stride, const A* activations,
+                                           int activation_stride, int rows, int column, int group,
+                                           int groups) {
   for (int k = group * kUnit; k < rows; k += groups * kUnit) {
     float a[kTokens][kUnit];
 #pragma unroll
     for (int m = 0; m < kTokens; ++m) load_unit(a[m], activations + m * activation_stride + k);
 #pragma unroll
     for (int i = 0; i < kUnit; ++i) {
-      const float w = mla::to_float(weights[(k + i) * stride + column]);
+      const float2 w = load_pair(weights + (k + i) * stride + column);
 #pragma unroll
-      for (int m = 0; m < kTokens; ++m) acc[m] += a[m][i] * w;
+      for (int m = 0; m < kTokens; ++m) {
+        acc[m][0] += a[m][i] * w.x;
+        acc[m][1] += a[m][i] * w.y;
+      }
     }
   }
 }
@@ -185,8 +200,10 @@ __global__ void __launch_bounds__(kThreads)
                    const T* __restrict__ w_up_k, const T* __restrict__ w_up_v, T* __restrict__ out,
                    const Geometry g) {
   extern __shared__ float4 shared_vectors[];  // float4 so every region below is 16-byte aligned
-  float* partial = reinterpret_cast<float*>(shared_vectors);  // kTokens x kThreads partial sums
-  float* latent = partial + kTokens * kThreads;               // kTokens x latent_stride
+  // kTokens x kComputing x 2 partial sums: token m's pair of computing thread t at
+  // (m * kComputing + t) * 2, so that the adding threads read consecutive columns
+  float* partial = reinterpret_cast<float*>(shared_vectors);
+  float* latent = partial + kTokens * kComputing * 2;  // kTokens x latent_stride
   T* ring = reinterpret_cast<T*>(latent + kTokens * g.latent_stride);
   const int64_t token0 = int64_t(blockIdx.x) * kTokens;
   const int tokens_here = int(min(int64_t(kTokens), g.tokens - token0));
@@ -208,7 +225,7 @@ __global__ void __launch_bounds__(kThreads)
     issue(schedule[q], stage(q), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
     mla::commit_copies();
   }
-  float acc[kTokens] = {};
+  Sums acc = {};
   for (int q = 0; q < total; ++q) {
     mla::wait_for_copies(ahead - 1);
     __syncthreads();  // slice q is in, from every thread's copies; slice q - 1's stage is free
@@ -219,8 +236,8 @@ __global__ void __launch_bounds__(kThreads)
     mla::commit_copies();
 
     const Slice s = schedule[q];
-    const int column = threadIdx.x % s.pass_width, group = threadIdx.x / s.pass_width;
-    const int groups = kThreads / s.pass_width;
+    const int pairs = s.pass_width / 2, groups = kComputing / pairs;
+    const int column = threadIdx.x % pairs * 2, group = threadIdx.x / pairs;
     if (group < groups && column < s.columns) {
       const T* weights = stage(q);
       if (s.up) {
@@ -234,16 +251,18 @@ __global__ void __launch_bounds__(kThreads)
     if (!s.ends_pass) continue;
 
     // End of a pass: add the depth groups' partial sums, then keep (GEMM 1) or store (GEMM 2).
+    if (threadIdx.x < kComputing) {
 #pragma unroll
-    for (int m = 0; m < kTokens; ++m) {
-      partial[m * kThreads + threadIdx.x] = acc[m];
-      acc[m] = 0.0f;
+      for (int m = 0; m < kTokens; ++m) {
+        *reinterpret_cast<float2*>(partial + (m * kComputing + threadIdx.x) * 2) = make_float2(acc[m][0], acc[m][1]);
+        acc[m][0] = acc[m][1] = 0.0f;
+      }
     }
     __syncthreads();
     for (int e = threadIdx.x; e < kTokens * s.columns; e += kThreads) {
       const int m = e / s.columns, c = e % s.columns;
       float sum = 0.0f;
-      for (int j = 0; j < groups; ++j) sum += partial[m * kThreads + j * s.pass_width + c];
+      for (int j = 0; j < groups; ++j) sum += partial[(m * kComputing + j * pairs) * 2 + c];
       if (!s.up) {
         latent[m * g.latent_stride + s.column0 + c] = sum;
       } else if (m < tokens_here) {
@@ -255,7 +274,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Blocks of this many columns per GEMM 2 pass, and this many splits of a token tile's passes
-// over blocks: the fewest waves of blocks times one block's multiply-adds per token.
+// over blocks: for each pass width, step 4's cheapest split (waves of blocks times one block's
+// multiply-adds), then the cheapest width.
 struct Split {
   int column_pass;
   int splits;
@@ -266,16 +286,12 @@ Split choose_split(int64_t token_tiles, const Geometry& g) {
   Split best{kMaxPass, 1};
   double best_cost = 0.0;
   for (int pass = kMaxPass; pass >= 32; pass /= 2) {  // on a tie the wider pass: fewer barriers
-    const int64_t tiles = mla::ceil_div(2 * g.width, pass);
-    for (int64_t splits = 1; splits <= tiles && splits <= 1024; ++splits) {
-      const double waves = double(mla::ceil_div(token_tiles * splits, slots));
-      const double work = double(g.d_model) * double(g.rank) +
-                          double(g.rank) * pass * double(mla::ceil_div(tiles, splits));
-      const double cost = waves * work;
-      if (best_cost == 0.0 || cost < 0.999 * best_cost) {
-        best = Split{pass, int(splits)};
-        best_cost = cost;
-      }
+    const mla::ColumnSplit split = mla::cheapest_column_split(
+        slots, token_tiles, mla::ceil_div(2 * g.width, pass), double(g.d_model) * double(g.rank),
+        double(g.rank) * pass, 1024);
+    if (best_cost == 0.0 || split.cost < 0.999 * best_cost) {
+      best = Split{pass, split.splits};
+      best_cost = split.cost;
     }
   }
   return best;
@@ -299,11 +315,10 @@ cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   // Every slice of a block in flight at once where that fits beside the latent: a slice per
   // pass (the toy: one for GEMM 1, one for GEMM 2). Elsewhere a ring of kMaxStages slices of up
   // to 12 KB, as large as this GPU's shared memory allows.
-  int device = 0, limit = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  int limit = 0;
+  cudaError_t err = mla::shared_memory_limit(&limit);
   if (err != cudaSuccess) return err;
-  const size_t fixed_bytes = sizeof(float) * kTokens * (kThreads + size_t(g.latent_stride));
+  const size_t fixed_bytes = sizeof(float) * kTokens * (2 * kComputing + size_t(g.latent_stride));
   if (size_t(limit) <= fixed_bytes) return cudaErrorInvalidValue;
   const int64_t room = limit - int64_t(fixed_bytes);
   auto stage_elements = [&](int64_t rows_down, int64_t rows_up) {

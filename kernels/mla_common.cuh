@@ -86,32 +86,43 @@ inline int multiprocessor_count() {
 // latent tile, so with few tokens there are too few blocks to fill the GPU (the toy has 12
 // tiles of 32 tokens for 132 SMs). Splitting the output columns over `splits` blocks fills it,
 // at a price: each of them recomputes the tile's latent (`latent_work`). The model: time is
-// waves of blocks times one block's work; pick the cheapest split.
-inline int choose_column_splits(int64_t token_tiles, int64_t column_tiles, double latent_work,
-                                double column_tile_work) {
-  const int64_t slots = multiprocessor_count();
-  int best = 1;
-  double best_time = 0.0;
-  for (int64_t splits = 1; splits <= column_tiles && splits <= 64; ++splits) {
+// waves of blocks (`slots` at a time) times one block's work; pick the cheapest split.
+struct ColumnSplit {
+  int splits;
+  double cost;
+};
+
+inline ColumnSplit cheapest_column_split(int64_t slots, int64_t token_tiles, int64_t column_tiles,
+                                         double latent_work, double column_tile_work, int64_t max_splits) {
+  ColumnSplit best{1, 0.0};
+  for (int64_t splits = 1; splits <= column_tiles && splits <= max_splits; ++splits) {
     const double waves = double(ceil_div(token_tiles * splits, slots));
-    const double block = latent_work + column_tile_work * double(ceil_div(column_tiles, splits));
-    if (splits == 1 || waves * block < 0.999 * best_time) {
-      best = int(splits);
-      best_time = waves * block;
-    }
+    const double cost = waves * (latent_work + column_tile_work * double(ceil_div(column_tiles, splits)));
+    if (splits == 1 || cost < 0.999 * best.cost) best = ColumnSplit{int(splits), cost};
   }
   return best;
+}
+
+inline int choose_column_splits(int64_t token_tiles, int64_t column_tiles, double latent_work,
+                                double column_tile_work) {
+  return cheapest_column_split(multiprocessor_count(), token_tiles, column_tiles, latent_work,
+                               column_tile_work, 64).splits;
+}
+
+// The most dynamic shared memory one block of this GPU may opt in to.
+inline cudaError_t shared_memory_limit(int* bytes) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  return err != cudaSuccess ? err
+                            : cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
 }
 
 // Lets `kernel` use `bytes` of dynamic shared memory (above 48 KB that takes an opt-in), or
 // says cudaErrorInvalidValue when this GPU has less per block than that.
 template <typename Kernel>
 cudaError_t allow_shared_memory(Kernel kernel, size_t bytes) {
-  int device = 0, limit = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  }
+  int limit = 0;
+  const cudaError_t err = shared_memory_limit(&limit);
   if (err != cudaSuccess) return err;
   if (bytes > size_t(limit)) return cudaErrorInvalidValue;
   if (bytes <= 48 * 1024) return cudaSuccess;

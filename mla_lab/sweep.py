@@ -42,11 +42,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PEERS = ("eager", "cuBLAS concat", "cuBLAS concat TF32", "torch.compile")
 
 # Steps 1, 2 and 7 do work that grows with tokens x weights; past these estimates a call takes so
-# long that timing it would eat the sweep. Rates are what they sustained on the H200.
-SLOW_STEP_RATE = {
-    1: lambda s: s.tokens * 2 * s.width * s.d_model * s.rank / 2.0e12,  # redundant FMAs/s
-    2: lambda s: s.flops() / 2 / 3.0e12,  # useful FMAs/s with every weight re-read per token
-    7: lambda s: s.flops() / 2 / 2.4e12,  # useful FMAs/s, 8-token blocks on the FP32 pipes
+# long that timing it would eat the sweep. Seconds per call from the multiply-adds a step does and
+# the rate it sustained on the H200 (step 7's per dtype, at V2-Lite 8192 tokens in sweep
+# 67313efa5032, before its threads took two columns each; the kernel has only got faster since).
+SLOW_STEP_SECONDS = {
+    1: lambda s, dtype: s.tokens * 2 * s.width * s.d_model * s.rank / 2.0e12,  # redundant FMAs
+    2: lambda s, dtype: s.flops() / 2 / 3.0e12,  # useful FMAs, every weight re-read per token
+    7: lambda s, dtype: s.flops() / 2 / {"fp32": 1.5e12, "bf16": 2.4e12}[dtype],  # useful FMAs
 }
 MAX_CALL_SECONDS = 0.02
 
@@ -248,7 +250,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
 
     for step in chosen_steps:
         kernel = kernels[step.label]
-        estimate = SLOW_STEP_RATE.get(step.number, lambda s: 0.0)(shape)
+        estimate = SLOW_STEP_SECONDS.get(step.number, lambda s, dtype: 0.0)(shape, dtype_name)
         if estimate > MAX_CALL_SECONDS:
             record(step.label, "skipped", f"about {estimate * 1e3:.0f} ms per call; not timed")
             continue

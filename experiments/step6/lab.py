@@ -36,11 +36,34 @@ SWITCHES = {
                         "  if (best.exchange) best.exchange = false, "
                         "best.passes = int(mla::ceil_div(best.latent_tiles, best.blocks));\n  return best;\n}\n"),
 }
+# Every block streams the same weights in the same order, so at any moment all SMs ask the same
+# few L2 lines. The stagger switches start each token tile at a different output tile (and
+# w_down chunk), spreading the requests over the L2 slices.
+STAGGER_SWITCHES = {
+    "LAB_STAGGER_DOWN": ("        for (int chunk = 0; chunk < down_chunks; ++chunk, ++it) {\n",
+                         "        for (int lab_n = 0; lab_n < down_chunks; ++lab_n, ++it) {\n"
+                         "          const int chunk = int((lab_n + token_tile) % down_chunks);\n"),
+    "LAB_STAGGER_UP_LOADS": (
+        "      for (int tile = first_tile; tile < output_tiles; tile += tile_step) {\n",
+        "      const int lab_tiles = max(0, (output_tiles - first_tile + tile_step - 1) / tile_step);\n"
+        "      for (int lab_index = 0; lab_index < lab_tiles; ++lab_index) {\n"
+        "        const int tile = first_tile + tile_step * int((lab_index + token_tile) % lab_tiles);\n"),
+    "LAB_STAGGER_UP_MATH": (
+        "  for (int tile = first_tile, index = 0; tile < output_tiles; tile += tile_step, ++index) {\n"
+        "    if (index % 2 != consumer) continue;\n",
+        "  const int lab_tiles = max(0, (output_tiles - first_tile + tile_step - 1) / tile_step);\n"
+        "  for (int index = 0; index < lab_tiles; ++index) {\n"
+        "    if (index % 2 != consumer) continue;\n"
+        "    const int tile = first_tile + tile_step * int((index + token_tile) % lab_tiles);\n"),
+}
+SWITCHES.update(STAGGER_SWITCHES)
 VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's table
     "xchg": ("LAB_GEMM2_DRAIN", "LAB_LATE_TURN"),
     "xchg_w2": (),  # the committed kernel
     "xchg_w12": ("LAB_GEMM1_IN_FLIGHT",),
     "w12": ("LAB_GEMM1_IN_FLIGHT", "LAB_NO_EXCHANGE"),
+    "stagger": tuple(STAGGER_SWITCHES),
+    "stagger_up": ("LAB_STAGGER_UP_LOADS", "LAB_STAGGER_UP_MATH"),
 }
 EXTRA_SHAPES = (
     Shape(1, 513, 200, 512, 5, 64),
