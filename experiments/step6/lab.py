@@ -1,7 +1,7 @@
 """Step 6 variants side by side on a GPU: how kernels/NOTES.md's A/B tables were measured.
 
-The variants are kernels/06_hopper.cu with compile-time switches that undo one measured choice
-each; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the text a
+The variants are kernels/06_hopper.cu with compile-time switches that each undo one measured
+choice or try one idea; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the text a
 switch edits). Each variant is checked against the float64 oracle (fresh inputs, NaN-poisoned
 output) in its own process, so a hang costs one variant, then all are timed in one process on the
 same inputs (`bench.compare`, which checks each output first), graph replay, two rounds, beside
@@ -36,9 +36,9 @@ SWITCHES = {
                         "  if (best.exchange) best.exchange = false, "
                         "best.passes = int(mla::ceil_div(best.latent_tiles, best.blocks));\n  return best;\n}\n"),
 }
-# Every block streams the same weights in the same order, so at any moment all SMs ask the same
-# few L2 lines. The stagger switches start each token tile at a different output tile (and
-# w_down chunk), spreading the requests over the L2 slices.
+# An idea measured wrong (kernels/NOTES.md, "Staggered weight tiles"): every block streams the
+# same weights in the same order, so all SMs ask the same few L2 lines at once. The stagger
+# switches start each token tile at a different output tile (and w_down chunk) to spread them.
 STAGGER_SWITCHES = {
     "LAB_STAGGER_DOWN": ("        for (int chunk = 0; chunk < down_chunks; ++chunk, ++it) {\n",
                          "        for (int lab_n = 0; lab_n < down_chunks; ++lab_n, ++it) {\n"

@@ -1,9 +1,10 @@
-"""Step 7 with one part left out at a time, timed on a GPU: how kernels/NOTES.md split its time.
+"""Copies of step 7 timed side by side on a GPU: how kernels/NOTES.md split its time and tried
+its alternatives.
 
 Each variant is kernels/07_latency.cu with edits (`lab_source(name)` fails loudly when the kernel
 no longer has the text an edit replaces). Those in CORRECT compute the projection and are checked
-first; the others compute garbage and are for timing only. All are timed in one process on the same inputs, graph
-replay, median µs (`bench.time_fn`):
+first; the others compute garbage and are for timing only. All are timed in one process on the
+same inputs, graph replay, median µs (`bench.time_fn`):
 
     python experiments/step7/lab.py [VARIANT...]     # all of them by default
 
@@ -18,7 +19,7 @@ replay, median µs (`bench.time_fn`):
   threads256  256 threads per block instead of 512
   tokens16    16 tokens per block instead of 8
   stagger     each block fetches a slice's rows starting at a different row, so that the blocks
-              do not all ask the same L2 lines at the same moment
+              do not all ask the same L2 lines at the same moment (measured slower: NOTES.md)
   timeline    no_store, plus a clock64 mark by thread 0 of every block at each phase boundary,
               written over the output (printed as a per-phase table, then timed like the rest)
 """
@@ -138,7 +139,8 @@ TIMED = (("toy fp32", TOY, torch.float32), ("toy bf16", TOY, torch.bfloat16),
 
 def lab_source(name: str) -> Path:
     if name == "previous":
-        text = previous_source()
+        text = subprocess.run(["git", "show", f"{PREVIOUS_COMMIT}:kernels/07_latency.cu"], check=True,
+                              capture_output=True, text=True, cwd=steps.REPO).stdout
     else:
         text = (steps.KERNELS_DIR / "07_latency.cu").read_text()
     for original, replacement in EDITS.get(name, ()):
@@ -150,20 +152,6 @@ def lab_source(name: str) -> Path:
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path
-
-
-def previous_source() -> str:
-    """PREVIOUS_COMMIT's kernel from git; where there is no repository (a copy of the working tree
-    on a GPU machine), the copy written by an earlier run here, carried along in build/."""
-    try:
-        return subprocess.run(["git", "show", f"{PREVIOUS_COMMIT}:kernels/07_latency.cu"], check=True,
-                              capture_output=True, text=True, cwd=steps.REPO).stdout
-    except (OSError, subprocess.CalledProcessError):
-        kept = BUILD / "07_previous.cu"
-        if not kept.exists():
-            raise RuntimeError(f"no git here to show {PREVIOUS_COMMIT}: carry {kept.relative_to(steps.REPO)}") from None
-        print(f"previous: git unavailable, using {kept.relative_to(steps.REPO)}", flush=True)
-        return kept.read_text()
 
 
 def main(names: list[str]) -> int:
