@@ -19,8 +19,14 @@
 //   add. Slices are padded with zeros to whole units of 4 rows and to an even column count, so
 //   the inner loop has no bounds tests (a first version tested every row, and ncu counted about
 //   100 instructions per 32 multiply-adds in that loop).
+// - Copies take few instructions to issue. Pass widths are powers of two, so a thread finds its
+//   rows and its 16-byte column of a slice by shifts; it walks its rows by pointer increments;
+//   a slice's alignment is tested once, not per row; and the slices' order is walked from one
+//   to the next, without divisions. (Before, ncu counted about 85 instructions per warp-wide
+//   cp.async, 43 % of all the kernel executed; removing them saved the toy 17 %.)
 // FFMA in both dtypes, like step 4. What limits it is measured in kernels/NOTES.md: instructions
-// issued and the rate at which an SM's cp.async copies arrive, not L2 bandwidth.
+// issued (a warp waits on the one before it more than on memory), not L2 bandwidth; and at the
+// toy, the launch of the grid itself.
 //
 // Launch limit: rank <= 512 (the fp32 latent of 8 tokens and the partial sums beside the 8-stage
 // ring must fit the 99 KB of shared memory per block that Ada offers).
@@ -37,22 +43,33 @@ constexpr int kComputing = 256;  // threads that multiply: kTokens x 2 partial s
 constexpr int kTokens = 8;   // tokens per block
 constexpr int kMaxStages = 8;  // ring depth when a block's slices do not all fit at once
 constexpr int kUnit = 4;     // depth rows a thread takes at a time: one vector of activations
-constexpr int kMaxPass = 256;  // columns of one pass: 128 pairs, so its depth splits in >= 2 groups
+constexpr int kMaxPassShift = 8;  // passes of <= 256 columns: 128 pairs, so the depth splits in >= 2 groups
 
-// The launcher's choices, the same for every block.
+// The launcher's choices, the same for every block. Pass widths and the runs of a hidden row are
+// powers of two, so that a thread finds its place in a slice by shifts, not divisions.
 struct Geometry {
   int64_t tokens, d_model, rank, width;  // width = heads * head_dim; the output has 2 * width columns
-  int latent_pass;     // latent columns per GEMM 1 pass: a multiple of 32, at most kMaxPass
-  int column_pass;     // output columns per GEMM 2 pass: 32, 64, 128 or 256
+  int latent_pass_shift;  // GEMM 1 passes over 1 << latent_pass_shift latent columns (>= 32)
+  int column_pass_shift;  // GEMM 2 passes over 1 << column_pass_shift output columns (32 to 256)
+  int hidden_runs_shift;  // a hidden slice row is at most 1 << hidden_runs_shift 16-byte runs
   int rows_down;       // w_down rows per slice (a multiple of 8)
   int rows_up;         // w_up rows per slice (a multiple of 8)
   int stage_elements;  // elements per ring stage (a multiple of 8: stages stay 16-byte aligned)
   int latent_stride;   // floats per latent row in shared memory
-  int column_tiles;    // GEMM 2 passes over the whole output: ceil(2 * width / column_pass)
+  int tiles_per_split;  // GEMM 2 passes of every block; the first `extra_tiles` splits take one more
+  int extra_tiles;
   int down_slices;     // slices per GEMM 1 pass: ceil(d_model / rows_down)
   int up_slices;       // slices per GEMM 2 pass: ceil(rank / rows_up)
-  int latent_passes;   // ceil(rank / latent_pass)
+  int latent_passes;   // GEMM 1 passes: ceil(rank / latent pass)
   int stages;          // ring depth: one per slice when all of a block's slices fit, else kMaxStages
+};
+
+// Where a slice is in a block's order: GEMM 1's passes, then its share of GEMM 2's.
+struct Position {
+  bool up;
+  int pass;   // GEMM 1: the latent pass; GEMM 2: this block's pass, counted from 0
+  int index;  // the slice's place in its pass
+  int stage;  // the ring stage it goes through
 };
 
 // One slice of the ring: `rows` weight rows from `row0` of a pass over `columns` columns from
@@ -60,67 +77,94 @@ struct Geometry {
 struct Slice {
   bool up;
   bool ends_pass;
-  int pass_width;  // the pass's column count rounded up to 32: its stride in the stage
+  int stage;
+  int pass_shift;  // log2 of the pass's width: its stride in the stage
   int columns;
   int rows;
   int64_t column0;
   int64_t row0;
 };
 
+// The block's slices in order, each position found from the one before (the ring walks them
+// twice: once issuing copies, once computing).
 struct Schedule {
   Geometry g;
   int split, splits;
 
-  __device__ int down_total() const { return g.latent_passes * g.down_slices; }
   __device__ int total() const {
-    const int my_tiles = (g.column_tiles - split + splits - 1) / splits;
-    return down_total() + my_tiles * g.up_slices;
+    return g.latent_passes * g.down_slices + (g.tiles_per_split + (split < g.extra_tiles)) * g.up_slices;
   }
-
-  __device__ Slice operator[](int q) const {
+  __device__ bool ends_pass(const Position& at) const {
+    return at.index == (at.up ? g.up_slices : g.down_slices) - 1;
+  }
+  __device__ Position after(const Position& at) const {
+    const int stage = at.stage + 1 == g.stages ? 0 : at.stage + 1;
+    if (!ends_pass(at)) return Position{at.up, at.pass, at.index + 1, stage};
+    if (!at.up && at.pass + 1 < g.latent_passes) return Position{false, at.pass + 1, 0, stage};
+    return Position{true, at.up ? at.pass + 1 : 0, 0, stage};
+  }
+  __device__ Slice operator[](const Position& at) const {
     Slice s;
-    if (q < down_total()) {
-      const int pass = q / g.down_slices, i = q - pass * g.down_slices;
-      s.up = false;
-      s.ends_pass = i == g.down_slices - 1;
-      s.pass_width = g.latent_pass;
-      s.column0 = int64_t(pass) * g.latent_pass;
-      s.columns = int(min(int64_t(g.latent_pass), g.rank - s.column0));
-      s.row0 = int64_t(i) * g.rows_down;
+    s.up = at.up;
+    s.ends_pass = ends_pass(at);
+    s.stage = at.stage;
+    if (!at.up) {
+      s.pass_shift = g.latent_pass_shift;
+      s.column0 = int64_t(at.pass) << g.latent_pass_shift;
+      s.columns = int(min(int64_t(1) << g.latent_pass_shift, g.rank - s.column0));
+      s.row0 = int64_t(at.index) * g.rows_down;
       s.rows = int(min(int64_t(g.rows_down), g.d_model - s.row0));
     } else {
-      q -= down_total();
-      const int index = q / g.up_slices, i = q - index * g.up_slices;
-      s.up = true;
-      s.ends_pass = i == g.up_slices - 1;
-      s.pass_width = g.column_pass;
-      s.column0 = int64_t(split + index * splits) * g.column_pass;
-      s.columns = int(min(int64_t(g.column_pass), 2 * g.width - s.column0));
-      s.row0 = int64_t(i) * g.rows_up;
+      s.pass_shift = g.column_pass_shift;
+      s.column0 = int64_t(split + at.pass * splits) << g.column_pass_shift;
+      s.columns = int(min(int64_t(1) << g.column_pass_shift, 2 * g.width - s.column0));
+      s.row0 = int64_t(at.index) * g.rows_up;
       s.rows = int(min(int64_t(g.rows_up), g.rank - s.row0));
     }
     return s;
   }
 };
 
-// rows x columns elements into shared memory (row strides `ld` and `stride`), and zeros over the
-// rest of padded_rows x padded_columns, so that the arithmetic needs no bounds tests. 16-byte
-// cp.async where a run is whole and both ends are aligned, element by element where not (tails,
+// Where a thread's copies in a fetch of 16-byte runs, 1 << runs_shift of them per row (at most
+// kThreads), start: run t % runs of rows t / runs, t / runs + row_step, ... for thread t.
+struct Lane {
+  int row, column, row_step;  // column in elements
+};
+template <typename T>
+__device__ __forceinline__ Lane lane(int runs_shift) {
+  constexpr int V = 16 / sizeof(T);
+  const int t = int(threadIdx.x);
+  return Lane{t >> runs_shift, (t & ((1 << runs_shift) - 1)) * V, kThreads >> runs_shift};
+}
+template <typename T>
+__device__ __forceinline__ int runs_shift(int pass_shift) {
+  return pass_shift - (sizeof(T) == 4 ? 2 : 3);  // a run holds 4 floats or 8 bf16
+}
+
+// rows x columns elements into shared memory (row strides `ld` and `stride`, a multiple of 8),
+// and zeros over the rest of padded_rows x padded_columns, so that the arithmetic needs no bounds
+// tests. 16-byte cp.async for the thread's whole runs when the slice is aligned (tested once: its
+// first row and `ld`), walking rows by pointer increments; element by element where not (tails,
 // odd widths, misaligned views, the k|v boundary), so every shape stays correct.
 template <typename T>
-__device__ void fetch(T* dst, int stride, const T* src, int64_t ld, int rows, int columns,
-                      int padded_rows, int padded_columns) {
+__device__ void fetch(const Lane& lane, T* dst, int stride, const T* src, int64_t ld, int rows,
+                      int columns, int padded_rows, int padded_columns) {
   constexpr int V = 16 / sizeof(T);
-  const int runs = (padded_columns + V - 1) / V;  // at most kMaxPass / 4: every thread's run fixed
-  const int row_step = kThreads / runs, c = threadIdx.x % runs * V;
-  if (int(threadIdx.x) >= row_step * runs) return;
-  for (int r = threadIdx.x / runs; r < padded_rows; r += row_step) {
+  const int c = lane.column;
+  if (c >= padded_columns) return;
+  int r = lane.row;
+  T* const first_to = dst + r * stride + c;
+  const T* const first_from = src + r * ld + c;
+  if (c + V <= columns && ld % V == 0 && mla::aligned16(first_to) && mla::aligned16(first_from)) {
+    uint32_t to = mla::shared_address(first_to);
+    const T* from = first_from;
+    const uint32_t to_step = uint32_t(lane.row_step * stride * sizeof(T));
+    const int64_t from_step = int64_t(lane.row_step) * ld;
+    for (; r < rows; r += lane.row_step, to += to_step, from += from_step) mla::copy_async_16(to, from);
+  }
+  for (; r < padded_rows; r += lane.row_step) {
     T* to = dst + r * stride + c;
     const T* from = src + r * ld + c;
-    if (r < rows && c + V <= columns && mla::aligned16(to) && mla::aligned16(from)) {
-      mla::copy_async_16(to, from);
-      continue;
-    }
     for (int i = 0; i < V && c + i < padded_columns; ++i) {
       to[i] = r < rows && c + i < columns ? from[i] : mla::from_float<T>(0.0f);
     }
@@ -128,28 +172,30 @@ __device__ void fetch(T* dst, int stride, const T* src, int64_t ld, int rows, in
 }
 
 template <typename T>
-__device__ void issue(const Slice& s, T* stage, const Geometry& g, const T* hidden, const T* w_down,
-                      const T* w_up_k, const T* w_up_v, int64_t token0, int tokens_here) {
+__device__ void issue(const Slice& s, T* stage, const Geometry& g, const T* hidden,
+                      const T* w_down, const T* w_up_k, const T* w_up_v, int64_t token0, int tokens_here) {
   const int padded_rows = (s.rows + kUnit - 1) / kUnit * kUnit;
   const int odd = s.columns % 2;  // the last pair's second column: zeros, from the last part fetched
+  const int pass_width = 1 << s.pass_shift;
+  const Lane weight_lane = lane<T>(runs_shift<T>(s.pass_shift));
   if (!s.up) {
-    fetch(stage, s.pass_width, w_down + s.row0 * g.rank + s.column0, g.rank, s.rows, s.columns,
+    fetch(weight_lane, stage, pass_width, w_down + s.row0 * g.rank + s.column0, g.rank, s.rows, s.columns,
           padded_rows, s.columns + odd);
     // kTokens x rows_down, token-major; rows past the last token are zeros.
-    fetch(stage + g.rows_down * s.pass_width, g.rows_down, hidden + token0 * g.d_model + s.row0,
-          g.d_model, tokens_here, s.rows, kTokens, padded_rows);
+    fetch(lane<T>(g.hidden_runs_shift), stage + g.rows_down * pass_width, g.rows_down,
+          hidden + token0 * g.d_model + s.row0, g.d_model, tokens_here, s.rows, kTokens, padded_rows);
     return;
   }
   // Output columns [column0, column0 + columns) of [w_up_k | w_up_v]: the k part, then the v part.
   const int64_t end = s.column0 + s.columns;
   if (s.column0 < g.width) {
     const int columns = int(min(end, g.width) - s.column0);
-    fetch(stage, s.pass_width, w_up_k + s.row0 * g.width + s.column0, g.width, s.rows, columns,
+    fetch(weight_lane, stage, pass_width, w_up_k + s.row0 * g.width + s.column0, g.width, s.rows, columns,
           padded_rows, columns + (end > g.width ? 0 : odd));
   }
   if (end > g.width) {
     const int64_t v0 = max(s.column0, g.width);
-    fetch(stage + (v0 - s.column0), s.pass_width, w_up_v + s.row0 * g.width + (v0 - g.width),
+    fetch(weight_lane, stage + (v0 - s.column0), pass_width, w_up_v + s.row0 * g.width + (v0 - g.width),
           g.width, s.rows, int(end - v0), padded_rows, int(end - v0) + odd);
   }
 }
@@ -170,6 +216,17 @@ __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
 }
 
 using Sums = float[kTokens][2];  // one thread's tokens x its column pair
+
+// A computing thread's place in a pass of 1 << pass_shift columns: the column pair it owns and
+// its depth group, of `groups` (which split the pass's rows between them).
+struct Work {
+  int column, group, groups;
+};
+__device__ __forceinline__ Work work(int pass_shift) {
+  const int pairs_shift = pass_shift - 1;
+  const int t = int(threadIdx.x);
+  return Work{(t & ((1 << pairs_shift) - 1)) * 2, t >> pairs_shift, kComputing >> pairs_shift};
+}
 
 // acc[m][j] += activations[m][k] * weights[k][column + j] over this depth group's rows of the
 // slice: units group, group + groups, ... of kUnit rows. Past `rows`, up to the next whole unit,
@@ -194,8 +251,11 @@ __device__ __forceinline__ void accumulate(Sums& acc, const T* weights, int stri
   }
 }
 
+// 512 threads x 128 registers fill an SM's 64K: one block per SM, which is all its shared memory
+// holds at the toy and at V2-Lite anyway. (ptxas chose 64 under __launch_bounds__(512), and
+// spilled; a limit of 80 ran 3-6 % slower at V2-Lite.)
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __maxnreg__(128)
     latency_kernel(const T* __restrict__ hidden, const T* __restrict__ w_down,
                    const T* __restrict__ w_up_k, const T* __restrict__ w_up_v, T* __restrict__ out,
                    const Geometry g) {
@@ -209,7 +269,7 @@ __global__ void __launch_bounds__(kThreads)
   const int tokens_here = int(min(int64_t(kTokens), g.tokens - token0));
   const Schedule schedule{g, int(blockIdx.y), int(gridDim.y)};
   const int total = schedule.total();
-  auto stage = [&](int q) { return ring + (q % g.stages) * g.stage_elements; };
+  auto stage = [&](const Slice& s) { return ring + s.stage * g.stage_elements; };
   // The latent's padding columns are GEMM 2's last unit: zeros, like the weight rows they meet.
   for (int e = threadIdx.x; e < kTokens * (g.latent_stride - g.rank); e += kThreads) {
     const int m = e / (g.latent_stride - int(g.rank)), c = int(g.rank) + e % (g.latent_stride - int(g.rank));
@@ -221,31 +281,37 @@ __global__ void __launch_bounds__(kThreads)
   // commits one group (empty past the end), so "all but ahead - 1 groups done" means "slice q has
   // landed".
   const int ahead = total <= g.stages ? total : g.stages - 1;
-  for (int q = 0; q < ahead; ++q) {
-    issue(schedule[q], stage(q), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
+  auto fetch_slice = [&](const Position& at) {
+    const Slice s = schedule[at];
+    issue(s, stage(s), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
+  };
+  Position fetching{false, 0, 0, 0};
+  for (int q = 0; q < ahead; ++q, fetching = schedule.after(fetching)) {
+    fetch_slice(fetching);
     mla::commit_copies();
   }
   Sums acc = {};
-  for (int q = 0; q < total; ++q) {
+  Position computing{false, 0, 0, 0};
+  for (int q = 0; q < total; ++q, computing = schedule.after(computing)) {
     mla::wait_for_copies(ahead - 1);
     __syncthreads();  // slice q is in, from every thread's copies; slice q - 1's stage is free
-    const int next = q + ahead;
-    if (next < total) {
-      issue(schedule[next], stage(next), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
+    if (q + ahead < total) {
+      fetch_slice(fetching);
+      fetching = schedule.after(fetching);
     }
     mla::commit_copies();
 
-    const Slice s = schedule[q];
-    const int pairs = s.pass_width / 2, groups = kComputing / pairs;
-    const int column = threadIdx.x % pairs * 2, group = threadIdx.x / pairs;
-    if (group < groups && column < s.columns) {
-      const T* weights = stage(q);
+    const Slice s = schedule[computing];
+    const Work w = work(s.pass_shift);
+    const int pass_width = 1 << s.pass_shift;
+    if (w.group < w.groups && w.column < s.columns) {
+      const T* weights = stage(s);
       if (s.up) {
-        accumulate(acc, weights, s.pass_width, latent + s.row0, g.latent_stride, s.rows, column,
-                   group, groups);
+        accumulate(acc, weights, pass_width, latent + s.row0, g.latent_stride, s.rows, w.column,
+                   w.group, w.groups);
       } else {
-        accumulate(acc, weights, s.pass_width, weights + g.rows_down * s.pass_width, g.rows_down,
-                   s.rows, column, group, groups);
+        accumulate(acc, weights, pass_width, weights + g.rows_down * pass_width, g.rows_down,
+                   s.rows, w.column, w.group, w.groups);
       }
     }
     if (!s.ends_pass) continue;
@@ -259,10 +325,11 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < kTokens * s.columns; e += kThreads) {
-      const int m = e / s.columns, c = e % s.columns;
+    for (int e = threadIdx.x; e < kTokens << s.pass_shift; e += kThreads) {
+      const int m = e >> s.pass_shift, c = e & (pass_width - 1);
+      if (c >= s.columns) continue;
       float sum = 0.0f;
-      for (int j = 0; j < groups; ++j) sum += partial[(m * kComputing + j * pairs) * 2 + c];
+      for (int j = 0; j < w.groups; ++j) sum += partial[m * kComputing * 2 + (j << s.pass_shift) + c];
       if (!s.up) {
         latent[m * g.latent_stride + s.column0 + c] = sum;
       } else if (m < tokens_here) {
@@ -281,11 +348,17 @@ struct Split {
   int splits;
 };
 
+int shift_at_least(int64_t n) {  // the smallest s with 1 << s >= n
+  int s = 0;
+  while ((int64_t(1) << s) < n) ++s;
+  return s;
+}
+
 Split choose_split(int64_t token_tiles, const Geometry& g) {
   const int64_t slots = mla::multiprocessor_count();
-  Split best{kMaxPass, 1};
+  Split best{1 << kMaxPassShift, 1};
   double best_cost = 0.0;
-  for (int pass = kMaxPass; pass >= 32; pass /= 2) {  // on a tie the wider pass: fewer barriers
+  for (int pass = 1 << kMaxPassShift; pass >= 32; pass /= 2) {  // on a tie the wider pass: fewer barriers
     const mla::ColumnSplit split = mla::cheapest_column_split(
         slots, token_tiles, mla::ceil_div(2 * g.width, pass), double(g.d_model) * double(g.rank),
         double(g.rank) * pass, 1024);
@@ -304,13 +377,16 @@ cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   g.d_model = p.d_model;
   g.rank = p.rank;
   g.width = p.heads * p.head_dim;
-  g.latent_pass = int(std::min<int64_t>(mla::round_up(p.rank, 32), kMaxPass));
+  g.latent_pass_shift = std::min(shift_at_least(std::max<int64_t>(p.rank, 32)), kMaxPassShift);
+  const int latent_pass = 1 << g.latent_pass_shift;
   g.latent_stride = int(mla::round_up(p.rank, kUnit));
   const int64_t token_tiles = mla::ceil_div(p.tokens, kTokens);
   const Split split = choose_split(token_tiles, g);
-  g.column_pass = split.column_pass;
-  g.column_tiles = int(mla::ceil_div(2 * g.width, g.column_pass));
-  g.latent_passes = int(mla::ceil_div(p.rank, g.latent_pass));
+  g.column_pass_shift = shift_at_least(split.column_pass);
+  const int column_tiles = int(mla::ceil_div(2 * g.width, split.column_pass));
+  g.tiles_per_split = column_tiles / split.splits;
+  g.extra_tiles = column_tiles % split.splits;
+  g.latent_passes = int(mla::ceil_div(p.rank, latent_pass));
 
   // Every slice of a block in flight at once where that fits beside the latent: a slice per
   // pass (the toy: one for GEMM 1, one for GEMM 2). Elsewhere a ring of kMaxStages slices of up
@@ -322,25 +398,29 @@ cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   if (size_t(limit) <= fixed_bytes) return cudaErrorInvalidValue;
   const int64_t room = limit - int64_t(fixed_bytes);
   auto stage_elements = [&](int64_t rows_down, int64_t rows_up) {
-    return std::max(rows_down * (g.latent_pass + kTokens), rows_up * g.column_pass);
+    return std::max(rows_down * (latent_pass + kTokens), rows_up * split.column_pass);
   };
-  const int64_t passes = g.latent_passes + mla::ceil_div(g.column_tiles, split.splits);
+  const int64_t passes = g.latent_passes + mla::ceil_div(column_tiles, split.splits);
   const int64_t whole = stage_elements(mla::round_up(p.d_model, 8), mla::round_up(p.rank, 8));
-  if (passes <= kMaxStages && passes * whole * int64_t(sizeof(T)) <= room) {
+  constexpr int64_t kRunElements = 16 / sizeof(T);
+  // (a hidden row of a slice must fit one row of threads' 16-byte runs: kThreads runs)
+  if (passes <= kMaxStages && passes * whole * int64_t(sizeof(T)) <= room &&
+      mla::round_up(p.d_model, 8) <= kThreads * kRunElements) {
     g.stages = int(passes);
     g.rows_down = int(mla::round_up(p.d_model, 8));
     g.rows_up = int(mla::round_up(p.rank, 8));
   } else {
     g.stages = kMaxStages;
     const int64_t budget = std::min<int64_t>(12 * 1024, room / kMaxStages) / int64_t(sizeof(T));
-    g.rows_down = int(std::min(std::max<int64_t>(budget / (g.latent_pass + kTokens) / 8 * 8, 8),
+    g.rows_down = int(std::min(std::max<int64_t>(budget / (latent_pass + kTokens) / 8 * 8, 8),
                                mla::round_up(p.d_model, 8)));
-    g.rows_up = int(std::min(std::max<int64_t>(budget / g.column_pass / 8 * 8, 8),
+    g.rows_up = int(std::min(std::max<int64_t>(budget / split.column_pass / 8 * 8, 8),
                              mla::round_up(p.rank, 8)));
   }
   g.down_slices = int(mla::ceil_div(p.d_model, g.rows_down));
   g.up_slices = int(mla::ceil_div(p.rank, g.rows_up));
   g.stage_elements = int(stage_elements(g.rows_down, g.rows_up));
+  g.hidden_runs_shift = shift_at_least(mla::ceil_div(g.rows_down, kRunElements));
   const size_t shared_bytes = fixed_bytes + size_t(g.stages) * g.stage_elements * sizeof(T);
   err = mla::allow_shared_memory(latency_kernel<T>, shared_bytes);
   if (err != cudaSuccess) return err;

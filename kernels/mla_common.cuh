@@ -49,9 +49,11 @@ struct WeightColumns {
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
+__device__ __forceinline__ void copy_async_16(uint32_t shared_dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void copy_async_16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)), "l"(src)
-               : "memory");
+  copy_async_16(shared_address(dst), src);
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // wait_group takes an immediate, hence the switch (6 or more waits for "at most 6").

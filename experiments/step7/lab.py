@@ -9,19 +9,23 @@ same inputs, graph replay, median µs (`bench.time_fn`):
     python experiments/step7/lab.py [VARIANT...]     # all of them by default
 
   base        the committed kernel
-  previous    the kernel before its threads took two columns each (commit 98d8ac4)
-  bulk        sm_90: every whole, aligned row of a slice by one bulk copy (TMA), stages on mbarriers
+  previous    the kernel before its copies were issued by shifts and pointer increments (020cef4)
   empty       returns at once (what a launch of this grid and shared memory costs)
+  empty_nosmem  the same, launched without dynamic shared memory
   no_fetch    issues no copies: computes on whatever shared memory holds
   no_compute  copies everything, skips the multiply-adds
   no_store    computes everything, writes no output
   skeleton    neither copies nor multiply-adds: the barriers, the reductions and the stores
   threads256  256 threads per block instead of 512
   tokens16    16 tokens per block instead of 8
-  stagger     each block fetches a slice's rows starting at a different row, so that the blocks
-              do not all ask the same L2 lines at the same moment (measured slower: NOTES.md)
+  computing512  all 512 threads multiply (32 KiB of partial sums), not 256
+  regs80      ptxas may give a thread 80 registers, not 128
   timeline    no_store, plus a clock64 mark by thread 0 of every block at each phase boundary,
               written over the output (printed as a per-phase table, then timed like the rest)
+
+Two variants NOTES.md measured slower, `stagger` (each block starts a slice at a different row)
+and `bulk` (TMA bulk copies, sm_90), edit the kernel as it was before its copies changed: run
+them from `git checkout 020cef4 -- experiments kernels`.
 """
 import subprocess
 import sys
@@ -34,12 +38,12 @@ from mla_lab.problem import TOY, V2_LITE, make_inputs
 
 BUILD = Path(__file__).resolve().parent / "build"
 # variant -> ((text in kernels/07_latency.cu, what replaces it), ...)
-NO_FETCH = ("                      const T* w_up_k, const T* w_up_v, int64_t token0, int tokens_here) {\n",
-            "                      const T* w_up_k, const T* w_up_v, int64_t token0, int tokens_here) {\n"
-            "  if (g.tokens > 0) return;\n")
-NO_COMPUTE = ("    if (group < groups && column < s.columns) {",
-              "    if (g.tokens < 0 && group < groups && column < s.columns) {")
+NO_FETCH = ("int64_t token0, int tokens_here) {\n", "int64_t token0, int tokens_here) {\n  if (g.tokens > 0) return;\n")
+NO_COMPUTE = ("    if (w.group < w.groups && w.column < s.columns) {",
+              "    if (g.tokens < 0 && w.group < w.groups && w.column < s.columns) {")
 NO_STORE = ("      } else if (m < tokens_here) {", "      } else if (m < tokens_here && g.tokens < 0) {")
+EMPTY = ("  extern __shared__ float4 shared_vectors[];",
+         "  if (g.tokens > 0) return;\n  extern __shared__ float4 shared_vectors[];")
 MARKS = 12  # phase marks per block: issued, then landed / computed / reduced for each slice
 TIMELINE = (
     NO_STORE,
@@ -64,74 +68,21 @@ TIMELINE = (
      "    row[12] = clock64() - lab_start;\n    row[13] = (long long)lab_global_start;\n"
      "    row[14] = (long long)lab_global_end;\n    row[15] = sm;\n  }\n}\n"),
 )
-# sm_90 only: every whole, aligned row of a slice comes by one bulk copy (the TMA engine), not
-# 16-byte cp.async per thread; each stage completes on an mbarrier that all threads arrive at.
-LAB_BAR = "mla::shared_address(&lab_bars[{q} % g.stages])"
-BULK = (
-    ("template <typename T>\n__device__ void fetch(",
-     "__shared__ uint64_t lab_bars[kMaxStages];\n"
-     "__device__ __forceinline__ void lab_bulk(void* dst, const void* src, uint32_t bytes, uint32_t bar) {\n"
-     "  asm volatile(\"mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\" ::\"r\"(bar), \"r\"(bytes) : \"memory\");\n"
-     "  asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\"\n"
-     "               ::\"r\"(mla::shared_address(dst)), \"l\"(src), \"r\"(bytes), \"r\"(bar) : \"memory\");\n"
-     "}\n"
-     "template <typename T>\n__device__ void fetch("),
-    ("                      int padded_rows, int padded_columns) {",
-     "                      int padded_rows, int padded_columns, uint32_t bar) {"),
-    ("    if (r < rows && c + V <= columns && mla::aligned16(to) && mla::aligned16(from)) {",
-     "    if (r < rows && columns == padded_columns && columns % V == 0 && mla::aligned16(dst + r * stride) &&\n"
-     "        mla::aligned16(src + r * ld)) {\n"
-     "      if (c == 0) lab_bulk(dst + r * stride, src + r * ld, uint32_t(columns * sizeof(T)), bar);\n"
-     "      continue;\n"
-     "    }\n"
-     "    if (r < rows && c + V <= columns && mla::aligned16(to) && mla::aligned16(from)) {"),
-    ("int64_t token0, int tokens_here) {", "int64_t token0, int tokens_here, uint32_t bar) {"),
-    ("          padded_rows, s.columns + odd);", "          padded_rows, s.columns + odd, bar);"),
-    ("kTokens, padded_rows);", "kTokens, padded_rows, bar);"),
-    ("0 : odd));", "0 : odd), bar);"),
-    ("int(end - v0) + odd);", "int(end - v0) + odd, bar);"),
-    ("  // The ring: `ahead` slices are requested",
-     "  if (threadIdx.x == 0) {\n"
-     "    for (int i = 0; i < kMaxStages; ++i)\n"
-     "      asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" ::\"r\"(mla::shared_address(&lab_bars[i])), \"r\"(kThreads) : \"memory\");\n"
-     "  }\n"
-     "  __syncthreads();\n"
-     "  auto lab_arrive = [&](int q) {\n"
-     f"    asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\" ::\"r\"({LAB_BAR.format(q='q')}) : \"memory\");\n"
-     "  };\n"
-     "  // The ring: `ahead` slices are requested"),
-    ("    issue(schedule[q], stage(q), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);\n",
-     f"    issue(schedule[q], stage(q), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here, {LAB_BAR.format(q='q')});\n"
-     "    lab_arrive(q);\n"),
-    ("      issue(schedule[next], stage(next), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);\n",
-     f"      issue(schedule[next], stage(next), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here, {LAB_BAR.format(q='next')});\n"
-     "      lab_arrive(next);\n"),
-    ("    mla::wait_for_copies(ahead - 1);\n",
-     "    mla::wait_for_copies(ahead - 1);\n"
-     "    for (uint32_t done = 0; !done;) {\n"
-     "      asm volatile(\"{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}\\n\"\n"
-     f"                   : \"=r\"(done) : \"r\"({LAB_BAR.format(q='q')}), \"r\"(uint32_t(q / g.stages) & 1) : \"memory\");\n"
-     "    }\n"),
-)
 EDITS = {
-    "empty": (("  extern __shared__ float4 shared_vectors[];",
-               "  if (g.tokens > 0) return;\n  extern __shared__ float4 shared_vectors[];"),),
+    "empty": (EMPTY,),
     "no_fetch": (NO_FETCH,),
     "no_compute": (NO_COMPUTE,),
     "no_store": (NO_STORE,),
     "skeleton": (NO_FETCH, NO_COMPUTE),
     "timeline": TIMELINE,
-    "bulk": BULK,
     "threads256": (("constexpr int kThreads = 512;", "constexpr int kThreads = 256;"),),
     "tokens16": (("constexpr int kTokens = 8;", "constexpr int kTokens = 16;"),),
-    "stagger": (("  for (int r = threadIdx.x / runs; r < padded_rows; r += row_step) {\n",
-                 "  const int lab_shift = int((blockIdx.x * 37u + blockIdx.y * 101u) % unsigned(padded_rows));\n"
-                 "  for (int lab_r = threadIdx.x / runs; lab_r < padded_rows; lab_r += row_step) {\n"
-                 "    const int r = (lab_r + lab_shift) % padded_rows;\n"),),
+    "computing512": (("constexpr int kComputing = 256;", "constexpr int kComputing = 512;"),),
+    "regs80": (("__maxnreg__(128)", "__maxnreg__(80)"),),
+    "empty_nosmem": (EMPTY, ("kThreads, shared_bytes, stream>>>(", "kThreads, 0, stream>>>(")),
 }
-SM90_ONLY = ("bulk",)  # variants that compile for Hopper only
-PREVIOUS_COMMIT = "98d8ac4"  # one output column per thread, all 512 threads computing
-CORRECT = ("base", "previous", "bulk", "threads256", "tokens16", "stagger")  # still compute the projection: checked first
+PREVIOUS_COMMIT = "020cef4"  # copies placed by divisions, alignment tested per row
+CORRECT = ("base", "previous", "threads256", "tokens16", "computing512", "regs80")  # checked first
 VARIANTS = ("base", "previous", *EDITS)
 TIMED = (("toy fp32", TOY, torch.float32), ("toy bf16", TOY, torch.bfloat16),
          ("v2l-128 bf16", V2_LITE.with_tokens(1, 128), torch.bfloat16), ("v2l-4096 bf16", V2_LITE, torch.bfloat16))
