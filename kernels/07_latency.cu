@@ -23,7 +23,7 @@
 //   rows and its 16-byte column of a slice by shifts; it walks its rows by pointer increments;
 //   a slice's alignment is tested once, not per row; and the slices' order is walked from one
 //   to the next, without divisions. (Before, ncu counted about 85 instructions per warp-wide
-//   cp.async, 43 % of all the kernel executed; removing them saved the toy 17 %.)
+//   cp.async, 43 % of all the kernel executed; removing them saved the toy 11-17 %.)
 // FFMA in both dtypes, like step 4. What limits it is measured in kernels/NOTES.md: instructions
 // issued (a warp waits on the one before it more than on memory), not L2 bandwidth; and at the
 // toy, the launch of the grid itself.
@@ -253,7 +253,7 @@ __device__ __forceinline__ void accumulate(Sums& acc, const T* weights, int stri
 
 // 512 threads x 128 registers fill an SM's 64K: one block per SM, which is all its shared memory
 // holds at the toy and at V2-Lite anyway. (ptxas chose 64 under __launch_bounds__(512), and
-// spilled; a limit of 80 ran 3-6 % slower at V2-Lite.)
+// spilled; a limit of 80 ran 6-7 % slower at V2-Lite.)
 template <typename T>
 __global__ void __maxnreg__(128)
     latency_kernel(const T* __restrict__ hidden, const T* __restrict__ w_down,

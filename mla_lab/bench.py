@@ -144,11 +144,12 @@ def compare(
 def table(timings: list[Timing], baseline: str = "eager") -> str:
     """A fixed-width table: name, median, spread, TFLOP/s, speed-up over the baseline."""
     base = next((t.median_us for t in timings if t.name == baseline), None)
-    lines = [f"{'':16} {'median us':>10} {'p10-p90 us':>15} {'TFLOP/s':>8} {'vs ' + baseline:>10}"]
+    width = max([16, *(len(t.name) for t in timings)])
+    lines = [f"{'':{width}} {'median us':>10} {'p10-p90 us':>15} {'TFLOP/s':>8} {'vs ' + baseline:>10}"]
     for t in timings:
         speedup = f"{base / t.median_us:9.2f}x" if base else ""
         spread = f"{t.low_us:.1f}-{t.high_us:.1f}"
-        lines.append(f"{t.name:16} {t.median_us:10.1f} {spread:>15} {t.tflops:8.2f} {speedup:>10}")
+        lines.append(f"{t.name:{width}} {t.median_us:10.1f} {spread:>15} {t.tflops:8.2f} {speedup:>10}")
     return "\n".join(lines)
 
 

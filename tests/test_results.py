@@ -3,7 +3,7 @@
 import matplotlib.pyplot as plt
 import pytest
 
-from mla_lab import plots, steps, sweep
+from mla_lab import bench, plots, steps, sweep
 
 SWEEPS = sweep.committed_sweeps()
 META_FIELDS = {"device", "compute_capability", "driver", "torch", "cuda", "date", "command", "git_commit", "sources", "ceilings"}
@@ -67,3 +67,11 @@ def test_a_point_table_lists_every_contender_in_both_dtypes(path):
     assert set(rows) == {r.name for r in record.results if r.shape == "toy"}
     toy_step7 = record.find("step 7 (latency)", "toy", "bf16")
     assert rows["step 7 (latency)"][1] == f"{toy_step7.median_us:,.1f}"
+
+
+def test_a_timing_table_keeps_its_columns_aligned_for_long_step_names():
+    timings = [bench.Timing("step 2 (shared_latent)", "graph", 17.8, 17.7, 18.2, 10, 0),
+               bench.Timing("eager", "graph", 25.1, 24.9, 26.8, 10, 0)]
+    lines = bench.table(timings).splitlines()
+    assert len({len(line) for line in lines}) == 1, lines
+    assert lines[2].startswith("eager ") and lines[2].index("25.1") == lines[1].index("17.8")

@@ -12,6 +12,7 @@ same inputs, graph replay, median µs (`bench.time_fn`):
   previous    the kernel before its copies were issued by shifts and pointer increments (020cef4)
   empty       returns at once (what a launch of this grid and shared memory costs)
   empty_nosmem  the same, launched without dynamic shared memory
+  empty_smemN   the same, launched with N KiB of it (48, 100, 160, 220)
   no_fetch    issues no copies: computes on whatever shared memory holds
   no_compute  copies everything, skips the multiply-adds
   no_store    computes everything, writes no output
@@ -80,6 +81,9 @@ EDITS = {
     "computing512": (("constexpr int kComputing = 256;", "constexpr int kComputing = 512;"),),
     "regs80": (("__maxnreg__(128)", "__maxnreg__(80)"),),
     "empty_nosmem": (EMPTY, ("kThreads, shared_bytes, stream>>>(", "kThreads, 0, stream>>>(")),
+    **{f"empty_smem{kib}": (EMPTY, ("  const size_t shared_bytes = fixed_bytes + size_t(g.stages) * g.stage_elements * sizeof(T);",
+                                    f"  const size_t shared_bytes = {kib} * 1024;"))
+       for kib in (48, 100, 160, 220)},
 }
 PREVIOUS_COMMIT = "020cef4"  # copies placed by divisions, alignment tested per row
 CORRECT = ("base", "previous", "threads256", "tokens16", "computing512", "regs80")  # checked first
