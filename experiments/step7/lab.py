@@ -26,7 +26,7 @@ same inputs, graph replay, median µs (`bench.time_fn`):
 
 Two variants NOTES.md measured slower, `stagger` (each block starts a slice at a different row)
 and `bulk` (TMA bulk copies, sm_90), edit the kernel as it was before its copies changed: run
-them from `git checkout 020cef4 -- experiments kernels`.
+them in a checkout of that commit (`git worktree add ../mla-lab-020cef4 020cef4`).
 """
 import subprocess
 import sys
