@@ -1,11 +1,11 @@
 """Step 6 variants side by side on a GPU: how kernels/NOTES.md's A/B tables were measured.
 
-The variants are kernels/06_hopper.cu with compile-time switches that each undo one measured
-choice or try one idea; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the text a
-switch edits). Each variant is checked against the float64 oracle (fresh inputs, NaN-poisoned
-output) in its own process, so a hang costs one variant, then all are timed in one process on the
-same inputs (`bench.compare`, which checks each output first), graph replay, two rounds, beside
-cuBLAS and eager:
+The variants are kernels/06_hopper.cu with compile-time switches that each undo one measured choice
+or try one idea; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the
+text a switch edits). Each variant is checked against the float64 oracle (fresh inputs,
+NaN-poisoned output) in its own process, so a hang costs one variant, then all are timed in one
+process on the same inputs (`bench.compare`, which checks each output first), graph replay, two
+rounds, beside cuBLAS and eager:
 
     python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
     python experiments/step6/lab.py time VARIANT...        # µs, min/max of two rounds
