@@ -1,20 +1,32 @@
-// Step 4 — vectorized: 16-byte accesses, conflict-free shared memory, and a grid that fills the GPU.
+// Step 4 — vectorized and pipelined: 16-byte copies in flight while the FP32 pipes work.
 //
-// Same tiles as step 3 (32 tokens x 128 columns, 16-deep weight slices, 4 x 4 results per
-// thread). What changed, each for a bottleneck notebook 05 measured on step 3:
-// - Global loads are 16 bytes per thread (4 floats or 8 bf16) and the output is written 4
-//   columns per thread, a warp covering one contiguous 512-byte (fp32) run of a stacked output
-//   row. A run that is misaligned (a view with a storage offset), crosses the k|v boundary or
-//   hangs over a tail falls back to scalar accesses, so every valid shape stays correct.
-// - A thread's 4 columns are adjacent, so its B values arrive in one 16-byte shared-memory read,
-//   and the A tile is kept token-major: all lanes of a warp read the same A address (a
-//   broadcast), and the stores that fill it no longer collide on one bank as step 3's
-//   transposed stores did.
+// Step 3 loads a slice, waits for it, multiplies it, and only then loads the next: every slice
+// pays a full trip to L2 with nothing else in flight, and its loads are scalar. What changed,
+// each for a bottleneck notebook 05 measured on step 3:
+// - Slices 8 deep arrive by 16-byte cp.async (4 floats or 8 bf16) into a ring of 2 to 4 of them,
+//   as many as shared memory holds beside the latent tile: while the block multiplies one slice,
+//   the next ones are on their way, and one barrier per slice suffices. A run that is
+//   misaligned (a view with a storage offset), crosses the k|v boundary or hangs over a tail is
+//   copied element by element instead (zeros past the edges), so every valid shape stays correct.
+// - A thread's runs are planned once per tile (where each starts, where it lands, whether it can
+//   go by cp.async), so a slice costs one instruction or two per copy. A first version worked
+//   each copy out afresh: ncu counted about 117 instructions per copy, and multiply-adds were
+//   48 % of all instructions (V2-Lite, 4096 tokens, fp32: 1.8 ms; planned: 67 % and 1.0 ms).
+// - Each thread computes 8 tokens x 4 adjacent columns (step 3: 4 x 4). Its 4 columns arrive in
+//   one shared-memory read and its 8 A values are broadcasts (all lanes of a warp share the
+//   tokens, and the A tile is token-major, so its stores no longer collide on one bank as step
+//   3's transposed ones did): 32 multiply-adds per 3 reads, not 16 per 8, and 32 independent
+//   sums between them. Tiles are 32 tokens x 256 columns; a warp whose 128 columns lie past the
+//   matrix skips the arithmetic.
+// - The output is written 4 columns per thread, a warp covering one contiguous 512-byte (fp32)
+//   run of a stacked output row.
 // - Step 3 launched tokens / 32 blocks: 12 for the toy on a 132-SM GPU. The output columns of a
-//   token tile are now split over several blocks when that is faster, each recomputing the
-//   tile's latent (mla::choose_column_splits counts that cost).
+//   token tile are split over several blocks when that is faster, each recomputing the tile's
+//   latent (mla::choose_column_splits counts that cost). The toy has one tile of 256 columns,
+//   so 12 blocks still, and there this step is slower than its version with 128-column tiles
+//   and one slice at a time was (kernels/NOTES.md has the numbers).
 //
-// Launch limit: as step 3, rank <= 640 (the fp32 latent tile in shared memory).
+// Launch limit: as step 3, rank <= 640 (the fp32 latent tile and two slices in shared memory).
 #include <stdint.h>
 
 #include "mla_common.cuh"
@@ -22,168 +34,240 @@
 namespace {
 
 constexpr int kTokens = 32;
-constexpr int kColumns = 128;
-constexpr int kDepth = 16;
-constexpr int kThreads = 256;  // 8 row groups x 32 lanes; a lane owns 4 adjacent columns
-constexpr int kMicro = 4;
-
+constexpr int kColumns = 256;
+constexpr int kThreads = 256;  // warps: 4 groups of 8 tokens x 2 halves of 128 columns
+constexpr int kRows = 8;       // a thread's results: kRows tokens x 4 adjacent columns
+constexpr int kHalf = kColumns / 2;
+constexpr int kDepth = 8;  // k of one staged slice
+constexpr int kMinStages = 2, kMaxStages = 4;
+constexpr int kStageElements = kDepth * (kTokens + kColumns);  // A: kTokens x kDepth, then B
 template <typename T>
-constexpr int kVector = 16 / sizeof(T);  // elements in one 16-byte access
+constexpr int kVector = 16 / sizeof(T);  // elements in one 16-byte copy
 
-using Tile = float[kMicro][kMicro];
+using Tile = float[kRows][4];
 
-__device__ __forceinline__ bool aligned(const void* p, int bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
-// One 16-byte global load, widened to floats in shared memory.
-__device__ __forceinline__ void load_vector(float* dst, const float* src) {
-  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
-}
-__device__ __forceinline__ void load_vector(float* dst, const __nv_bfloat16* src) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  for (int q = 0; q < 4; ++q) {
-    const float2 f = __bfloat1622float2(pairs[q]);
-    dst[2 * q] = f.x;
-    dst[2 * q + 1] = f.y;
-  }
+// Four adjacent elements of shared memory as floats: one 16-byte (fp32) or 8-byte (bf16) read.
+__device__ __forceinline__ float4 read_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 read_four(const __nv_bfloat16* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(low.x, low.y, high.x, high.y);
 }
 
 // Four adjacent results of one row: one 16-byte (fp32) or 8-byte (bf16) store.
-__device__ __forceinline__ void store_four(float* dst, const float (&v)[kMicro]) {
+__device__ __forceinline__ void store_four(float* dst, const float (&v)[4]) {
   *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
 }
-__device__ __forceinline__ void store_four(__nv_bfloat16* dst, const float (&v)[kMicro]) {
+__device__ __forceinline__ void store_four(__nv_bfloat16* dst, const float (&v)[4]) {
   __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
   *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(pairs);
 }
 
+__device__ __forceinline__ float component(const float4& v, int q) {
+  return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
+}
+
+template <typename T>
+struct Problem {
+  const T* hidden;
+  mla::WeightColumns<T> down, up;
+  T* out;
+  int64_t tokens, d_model, rank, columns;  // columns = 2 * width
+  int latent_stride;                       // rank rounded up to whole slices
+  int stages;                              // ring buffers: stages - 1 slices in flight
+};
+
+// Copies run `e` of a kRows x kWidth block element by element, zeros past the edges:
+// `source(r, c)` is element (r, c)'s address, `inside(r, c)` whether it exists.
+template <int kWidth, typename T, class Source, class Inside>
+__device__ __forceinline__ void copy_elements(T* to, int e, Source source, Inside inside) {
+  const int r = e / (kWidth / kVector<T>), c = e % (kWidth / kVector<T>) * kVector<T>;
+  for (int q = 0; q < kVector<T>; ++q) {
+    to[r * kWidth + c + q] = inside(r, c + q) ? *source(r, c + q) : mla::from_float<T>(0.0f);
+  }
+}
+
+// acc += A @ B over `depth` for this block's tile at output column n0. A is the hidden tile
+// (GEMM 1) or the latent tile in shared memory (GEMM 2, kFromLatent).
 template <typename T, bool kFromLatent>
-__device__ void accumulate_tile(Tile& acc, const T* __restrict__ hidden, int64_t tokens,
-                                int64_t token0, const float* latent, int64_t latent_stride,
-                                mla::WeightColumns<T> weights, int64_t depth, int64_t columns,
-                                int64_t n0, float* a_tile, float* b_tile) {
-  constexpr int V = kVector<T>;
-  const int row_group = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t k0 = 0; k0 < depth; k0 += kDepth) {
-    if (!kFromLatent) {
-      for (int e = threadIdx.x; e < kTokens * kDepth / V; e += kThreads) {
-        const int m = e / (kDepth / V), kk = e % (kDepth / V) * V;
-        const int64_t token = token0 + m, k = k0 + kk;
-        float* dst = a_tile + m * kDepth + kk;
-        const T* src = hidden + token * depth + k;
-        if (token < tokens && k + V <= depth && aligned(src, 16)) {
-          load_vector(dst, src);
-        } else {
-          for (int q = 0; q < V; ++q) {
-            dst[q] = token < tokens && k + q < depth ? mla::to_float(src[q]) : 0.0f;
-          }
-        }
-      }
-    }
-    for (int e = threadIdx.x; e < kDepth * kColumns / V; e += kThreads) {
-      const int kk = e / (kColumns / V), n = e % (kColumns / V) * V;
-      const int64_t k = k0 + kk, column = n0 + n;
-      float* dst = b_tile + kk * kColumns + n;
-      const bool one_part = column >= weights.split || column + V <= weights.split;
-      if (k < depth && column + V <= columns && one_part && aligned(weights.at(k, column), 16)) {
-        load_vector(dst, weights.at(k, column));
+__device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, int64_t n0,
+                                const float* latent, T* ring) {
+  // A thread's 16-byte runs, planned once per tile so that a slice costs one cp.async per run.
+  // A run is `direct` when it is whole, aligned and inside the matrix (the depth aside, which
+  // only the last slice can reach); one that is not is copied element by element. A run keeps
+  // its alignment from slice to slice: the next one is kDepth columns (A) or rows (B) on, a
+  // multiple of 16 bytes. B's runs of a thread share a column and lie kRowsApart rows apart.
+  constexpr int kRunsA = kTokens * kDepth / kVector<T>, kRunsPerRow = kColumns / kVector<T>;
+  constexpr int kRowsApart = kThreads / kRunsPerRow, kRunsB = kDepth / kRowsApart;
+  static_assert(kThreads % kRunsPerRow == 0 && kDepth % kRowsApart == 0, "B's runs tile the slice");
+  const mla::WeightColumns<T> weights = kFromLatent ? p.up : p.down;
+  const int64_t depth = kFromLatent ? p.rank : p.d_model;
+  const int64_t columns = kFromLatent ? p.columns : p.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = warp / 2 * kRows, column = warp % 2 * kHalf + lane * 4;
+  const bool computes = n0 + warp % 2 * kHalf < columns;  // the same for the whole warp
+  const uint32_t ring_address = mla::shared_address(ring);
+
+  auto hidden_at = [&](int64_t k0, int r, int c) { return p.hidden + (token0 + r) * depth + k0 + c; };
+  const int a_row = threadIdx.x / (kDepth / kVector<T>), a_column = threadIdx.x % (kDepth / kVector<T>) * kVector<T>;
+  const T* a_from = hidden_at(0, a_row, a_column);
+  const uint32_t a_to = ring_address + uint32_t(sizeof(T) * (a_row * kDepth + a_column));
+  const bool a_direct = !kFromLatent && threadIdx.x < kRunsA && token0 + a_row < p.tokens && mla::aligned16(a_from);
+
+  const int b_row = threadIdx.x / kRunsPerRow, b_column = threadIdx.x % kRunsPerRow * kVector<T>;
+  const int64_t first = n0 + b_column;
+  const T* b_from = weights.at(b_row, first);
+  const uint32_t b_to = ring_address + uint32_t(sizeof(T) * (kTokens * kDepth + b_row * kColumns + b_column));
+  const bool b_inside = first + kVector<T> <= columns && (first >= weights.split || first + kVector<T> <= weights.split);
+  unsigned b_direct = 0;  // bit j: run j
+#pragma unroll
+  for (int j = 0; j < kRunsB; ++j) {
+    b_direct |= unsigned(b_inside && mla::aligned16(b_from + j * kRowsApart * weights.ld)) << j;
+  }
+
+  // Slice `slice` into ring buffer `buffer`.
+  const int slices = int(mla::ceil_div(depth, kDepth));
+  auto stage_slice = [&](int slice, int buffer) {
+    const bool whole = int64_t(slice + 1) * kDepth <= depth;
+    const int64_t k0 = int64_t(slice) * kDepth;
+    const uint32_t offset = uint32_t(buffer * kStageElements * sizeof(T));
+    T* stage = ring + buffer * kStageElements;
+    if (!kFromLatent && threadIdx.x < kRunsA) {
+      if (whole && a_direct) {
+        mla::copy_async_16(a_to + offset, a_from + k0);
       } else {
-        for (int q = 0; q < V; ++q) {
-          dst[q] = k < depth && column + q < columns ? mla::to_float(*weights.at(k, column + q))
-                                                     : 0.0f;
-        }
+        copy_elements<kDepth>(stage, threadIdx.x, [&](int r, int c) { return hidden_at(k0, r, c); },
+                              [&](int r, int c) { return token0 + r < p.tokens && k0 + c < depth; });
       }
     }
+#pragma unroll
+    for (int j = 0; j < kRunsB; ++j) {
+      if (whole && (b_direct >> j & 1)) {
+        mla::copy_async_16(b_to + offset + uint32_t(sizeof(T) * j * kRowsApart * kColumns),
+                           b_from + (k0 + j * kRowsApart) * weights.ld);
+      } else {
+        copy_elements<kColumns>(stage + kTokens * kDepth, threadIdx.x + j * kThreads,
+                                [&](int r, int c) { return weights.at(k0 + r, n0 + c); },
+                                [&](int r, int c) { return k0 + r < depth && n0 + c < columns; });
+      }
+    }
+  };
+
+  // Every step commits one group of copies, empty once the slices run out, so "all but the
+  // newest stages - 2 groups have landed" always means "slice s has landed".
+  int fill = 0, drain = 0;  // ring buffers of the next slice to stage and of slice s
+  for (int s = 0; s < p.stages - 1; ++s) {
+    if (s < slices) stage_slice(s, fill);
+    fill = fill + 1 == p.stages ? 0 : fill + 1;
+    mla::commit_copies();
+  }
+  for (int s = 0; s < slices; ++s) {
+    mla::wait_for_copies(p.stages - 2);
+    // Slice s is in from every thread, and every warp is done with slice s - 1, whose buffer
+    // the next copies refill.
     __syncthreads();
+    if (s + p.stages - 1 < slices) stage_slice(s + p.stages - 1, fill);
+    fill = fill + 1 == p.stages ? 0 : fill + 1;
+    mla::commit_copies();
+    const T* a_stage = ring + drain * kStageElements;
+    drain = drain + 1 == p.stages ? 0 : drain + 1;
+    if (!computes) continue;
+    const T* b = a_stage + kTokens * kDepth + column;
 #pragma unroll
     for (int kk = 0; kk < kDepth; kk += 4) {
-      float4 a[kMicro];
+      float4 a[kRows];
 #pragma unroll
-      for (int i = 0; i < kMicro; ++i) {
-        const int row = row_group * kMicro + i;
-        a[i] = *reinterpret_cast<const float4*>(
-            kFromLatent ? latent + row * latent_stride + k0 + kk : a_tile + row * kDepth + kk);
+      for (int i = 0; i < kRows; ++i) {
+        if constexpr (kFromLatent) {
+          a[i] = read_four(latent + (row0 + i) * p.latent_stride + s * kDepth + kk);
+        } else {
+          a[i] = read_four(a_stage + (row0 + i) * kDepth + kk);
+        }
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float4 b = *reinterpret_cast<const float4*>(b_tile + (kk + q) * kColumns + lane * 4);
+        const float4 bq = read_four(b + (kk + q) * kColumns);
 #pragma unroll
-        for (int i = 0; i < kMicro; ++i) {
-          const float a_iq = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;
-          acc[i][0] += a_iq * b.x;
-          acc[i][1] += a_iq * b.y;
-          acc[i][2] += a_iq * b.z;
-          acc[i][3] += a_iq * b.w;
+        for (int i = 0; i < kRows; ++i) {
+          const float a_iq = component(a[i], q);
+          acc[i][0] += a_iq * bq.x;
+          acc[i][1] += a_iq * bq.y;
+          acc[i][2] += a_iq * bq.z;
+          acc[i][3] += a_iq * bq.w;
         }
       }
     }
-    __syncthreads();
   }
+  __syncthreads();  // every warp is done with the ring before the next tile refills it
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1)
-    vectorized_kernel(const T* __restrict__ hidden, const T* __restrict__ w_down,
-                      const T* __restrict__ w_up_k, const T* __restrict__ w_up_v,
-                      T* __restrict__ out, int64_t tokens, int64_t d_model, int64_t rank,
-                      int64_t width) {
+__global__ void __launch_bounds__(kThreads, 2) vectorized_kernel(Problem<T> p) {
   extern __shared__ float4 shared_vectors[];  // float4 so every row below is 16-byte aligned
   float* latent = reinterpret_cast<float*>(shared_vectors);
-  const int64_t latent_stride = mla::round_up(rank, kColumns);
-  float* a_tile = latent + kTokens * latent_stride;  // kTokens x kDepth, token-major
-  float* b_tile = a_tile + kTokens * kDepth;         // kDepth x kColumns
+  T* ring = reinterpret_cast<T*>(latent + kTokens * p.latent_stride);
   const int64_t token0 = int64_t(blockIdx.x) * kTokens;
-  const int row_group = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = warp / 2 * kRows, column = warp % 2 * kHalf + lane * 4;
 
-  const mla::WeightColumns<T> down{w_down, w_down, rank, rank};
-  for (int64_t n0 = 0; n0 < latent_stride; n0 += kColumns) {
+  // GEMM 1 into the latent tile; its columns from rank to latent_stride come out 0.
+  for (int64_t n0 = 0; n0 < p.latent_stride; n0 += kColumns) {
     Tile acc = {};
-    accumulate_tile<T, false>(acc, hidden, tokens, token0, nullptr, 0, down, d_model, rank, n0,
-                              a_tile, b_tile);
-    for (int i = 0; i < kMicro; ++i) {
-      store_four(latent + (row_group * kMicro + i) * latent_stride + n0 + lane * 4, acc[i]);
-    }
+    accumulate_tile<T, false>(acc, p, token0, n0, nullptr, ring);
+    if (n0 + column >= p.latent_stride) continue;
+    for (int i = 0; i < kRows; ++i) store_four(latent + (row0 + i) * p.latent_stride + n0 + column, acc[i]);
   }
   __syncthreads();
 
-  const mla::WeightColumns<T> up{w_up_k, w_up_v, width, width};
-  const int64_t columns = 2 * width;
-  for (int64_t n0 = blockIdx.y * int64_t(kColumns); n0 < columns; n0 += gridDim.y * int64_t(kColumns)) {
+  for (int64_t n0 = blockIdx.y * int64_t(kColumns); n0 < p.columns; n0 += gridDim.y * int64_t(kColumns)) {
     Tile acc = {};
-    accumulate_tile<T, true>(acc, hidden, tokens, token0, latent, latent_stride, up, rank,
-                             columns, n0, a_tile, b_tile);
-    for (int i = 0; i < kMicro; ++i) {
-      const int64_t token = token0 + row_group * kMicro + i, column = n0 + lane * 4;
-      if (token >= tokens) continue;
-      T* dst = out + token * columns + column;
-      if (column + kMicro <= columns && aligned(dst, kMicro * sizeof(T))) {
+    accumulate_tile<T, true>(acc, p, token0, n0, latent, ring);
+    for (int i = 0; i < kRows; ++i) {
+      const int64_t token = token0 + row0 + i, first = n0 + column;
+      if (token >= p.tokens) break;
+      T* dst = p.out + token * p.columns + first;
+      if (first + 4 <= p.columns && reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(T)) == 0) {
         store_four(dst, acc[i]);
       } else {
-        for (int j = 0; j < kMicro && column + j < columns; ++j) dst[j] = mla::from_float<T>(acc[i][j]);
+        for (int j = 0; j < 4 && first + j < p.columns; ++j) dst[j] = mla::from_float<T>(acc[i][j]);
       }
     }
   }
 }
 
 template <typename T>
-cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
-  const int64_t latent_stride = mla::round_up(p.rank, kColumns);
-  const size_t shared_bytes =
-      sizeof(float) * (kTokens * latent_stride + kDepth * (kTokens + kColumns));
-  const cudaError_t err = mla::allow_shared_memory(vectorized_kernel<T>, shared_bytes);
+cudaError_t launch(const MlaProblem& raw, cudaStream_t stream) {
+  const int64_t width = raw.heads * raw.head_dim;
+  const T* w_down = static_cast<const T*>(raw.w_down);
+  Problem<T> p{static_cast<const T*>(raw.hidden),
+               {w_down, w_down, raw.rank, raw.rank},
+               {static_cast<const T*>(raw.w_up_k), static_cast<const T*>(raw.w_up_v), width, width},
+               static_cast<T*>(raw.out),
+               raw.tokens, raw.d_model, raw.rank, 2 * width,
+               int(mla::round_up(raw.rank, kDepth)), 0};
+
+  // As many slices in the ring as this GPU's shared memory holds beside the latent tile, up to
+  // kMaxStages: more made no difference on the H200, and with 4 two blocks fit on an SM.
+  int limit = 0;
+  cudaError_t err = mla::shared_memory_limit(&limit);
   if (err != cudaSuccess) return err;
-  const int64_t width = p.heads * p.head_dim;
+  const size_t latent_bytes = sizeof(float) * kTokens * size_t(p.latent_stride);
+  const size_t stage_bytes = sizeof(T) * kStageElements;
+  const int64_t room = int64_t(limit) - int64_t(latent_bytes);
+  const int64_t fit = room < 0 ? 0 : room / int64_t(stage_bytes);
+  p.stages = int(fit < kMaxStages ? fit : kMaxStages);
+  if (p.stages < kMinStages) return cudaErrorInvalidValue;
+  const size_t shared_bytes = latent_bytes + p.stages * stage_bytes;
+  err = mla::allow_shared_memory(vectorized_kernel<T>, shared_bytes);
+  if (err != cudaSuccess) return err;
+
   const int64_t token_tiles = mla::ceil_div(p.tokens, kTokens);
-  const int splits = mla::choose_column_splits(token_tiles, mla::ceil_div(2 * width, kColumns),
-                                               double(p.d_model) * double(latent_stride),
+  // GEMM 1's work counts whole warps (128 columns); a warp past the rank skips its arithmetic.
+  const int splits = mla::choose_column_splits(token_tiles, mla::ceil_div(p.columns, kColumns),
+                                               double(p.d_model) * double(mla::round_up(p.rank, kHalf)),
                                                double(p.rank) * kColumns);
-  const dim3 grid{unsigned(token_tiles), unsigned(splits)};
-  vectorized_kernel<T><<<grid, kThreads, shared_bytes, stream>>>(
-      static_cast<const T*>(p.hidden), static_cast<const T*>(p.w_down),
-      static_cast<const T*>(p.w_up_k), static_cast<const T*>(p.w_up_v), static_cast<T*>(p.out),
-      p.tokens, p.d_model, p.rank, width);
+  vectorized_kernel<T><<<dim3(unsigned(token_tiles), unsigned(splits)), kThreads, shared_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

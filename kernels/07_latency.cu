@@ -2,8 +2,8 @@
 //
 // The toy (384 tokens, 19 MFLOP) is no work for an H200, yet notebook 07 measured steps 2–6 at
 // 11–43 µs there, none faster than cuBLAS's two launches: their blocks wait more than they
-// compute. Step 4, for one, gives a block 32 tokens and loads one 16-deep slice at a time, so
-// each of its 24 blocks makes 19 dependent trips to L2. What changed:
+// compute. Step 3, for one, gives a block 32 tokens and loads one 16-deep slice at a time, so
+// each of its 12 blocks makes 22 dependent trips to L2. What changed:
 // - A block owns 8 tokens, so the toy has 48 token tiles; output columns are split over blocks
 //   where that is faster (each split recomputes its 8-token latent, as in step 4), chosen by a
 //   waves x work count like step 4's.

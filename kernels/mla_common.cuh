@@ -44,7 +44,7 @@ struct WeightColumns {
 };
 
 // Asynchronous copies into shared memory (sm_80+), used by the steps that keep several slices in
-// flight (5 and 7): each thread issues 16-byte copies, commits them as one group per slice, and
+// flight (4, 5 and 7): each thread issues 16-byte copies, commits them as one group per slice, and
 // later waits until at most `pending` of its groups are still in flight.
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));

@@ -64,6 +64,7 @@ def _lab(step: str):
     return module
 
 
+STEP4_LAB = _lab("step4")
 STEP6_LAB = _lab("step6")
 STEP7_LAB = _lab("step7")
 
@@ -77,8 +78,10 @@ def test_step6_lab_variants_still_apply_and_compile(variant, tmp_path):
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
 
 
-@pytest.mark.parametrize("variant", sorted(STEP7_LAB.EDITS))  # "base" is the kernel itself, compiled above
-def test_step7_lab_variants_still_apply_and_compile(variant, tmp_path):
-    """experiments/step7/lab.py edits kernels/07_latency.cu: each variant NOTES.md measured stays buildable."""
-    result = compile_with_ptxas_report(STEP7_LAB.lab_source(variant), ARCHS, tmp_path)
+# "base" is the kernel itself, compiled above.
+@pytest.mark.parametrize("lab, variant", [(lab, variant) for lab in (STEP4_LAB, STEP7_LAB) for variant in sorted(lab.EDITS)],
+                         ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_lab_variants_still_apply_and_compile(lab, variant, tmp_path):
+    """experiments/step{4,7}/lab.py edit a kernel's text: each variant NOTES.md measured stays buildable."""
+    result = compile_with_ptxas_report(lab.lab_source(variant), ARCHS, tmp_path)
     assert result.returncode == 0, result.stderr
