@@ -23,7 +23,7 @@
 //   at V2-Lite), and small batches use a 16 x 64 tile so the toy gets 96 blocks.
 //
 // fp32 inputs run in TF32 (unit roundoff 2^-11 instead of 2^-24): mla_lab.check holds this step
-// to 1e-3 on fp32 inputs instead of 1e-5. Launch limit: rank <= 512 (the latent tile and
+// to 2e-3 on fp32 inputs instead of 1e-5. Launch limit: rank <= 512 (the latent tile and
 // two stages must fit the 99 KB per block that Ada offers; there, only with the small tile).
 #include <stdint.h>
 

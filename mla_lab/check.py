@@ -20,9 +20,13 @@ from .problem import V2_LITE, V3, Inputs, Shape, make_inputs, oracle
 # Relative Frobenius error allowed against float64, by input dtype. fp32 accumulation over
 # d_model = 7168 terms stays near 4e-6; bf16 inputs and outputs round at about 4e-3.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-# A step whose fp32 path runs on TF32 tensor cores (10-bit mantissa, unit roundoff 2^-11) is held
-# to 1e-3 on fp32 inputs; it says so with `fp32_math = "tf32"`.
-TF32_TOLERANCE = 1e-3
+# A step whose fp32 path runs on TF32 tensor cores (10-bit mantissa, unit roundoff u = 2^-11) is
+# held to 2e-3 on fp32 inputs, about 4u: each product of the two GEMMs multiplies four rounded
+# operands (hidden, w_down, the latent, w_up). The error is typically 4e-4, but where a handful of
+# roundings decide it the tail is wide: rounding emulated exactly (tests/test_check.py) passed
+# 1e-3 on 2 of 2,000 draws of the rank-1 shape (up to 1.2e-3), as step 5 once did on the H200.
+# A step says it runs TF32 with `fp32_math = "tf32"`.
+TF32_TOLERANCE = 2e-3
 
 
 def tf32_round(t: torch.Tensor) -> torch.Tensor:
