@@ -17,14 +17,15 @@ replay, median µs (`bench.time_fn`):
   no_compute  copies every slice, skips the multiply-adds (timing only: the copies' cost)
   no_copy     issues no copies: multiplies whatever shared memory holds (timing only)
 """
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from mla_lab import bench, build, check, steps
-from mla_lab.problem import TOY, V2_LITE, make_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
+import labkit  # noqa: E402
+from mla_lab import check  # noqa: E402
+from mla_lab.problem import TOY, V2_LITE  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 KERNEL = "04_vectorized.cu"
@@ -48,38 +49,14 @@ TIMED = (("toy fp32", TOY, torch.float32),
 
 
 def lab_source(name: str) -> Path:
-    if name == "previous":
-        text = subprocess.run(["git", "show", f"{PREVIOUS_COMMIT}:kernels/{KERNEL}"], check=True,
-                              capture_output=True, text=True, cwd=steps.REPO).stdout
-    else:
-        text = (steps.KERNELS_DIR / KERNEL).read_text()
-    for original, replacement in EDITS.get(name, ()):
-        if text.count(original) != 1:
-            raise RuntimeError(f"{name}: kernels/{KERNEL} no longer has exactly one {original!r}")
-        text = text.replace(original, replacement)
-    BUILD.mkdir(exist_ok=True)
-    path = BUILD / f"04_{name}.cu"
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return path
+    return labkit.edited_source(KERNEL, name, EDITS, PREVIOUS_COMMIT, BUILD)
 
 
 def main(names: list[str]) -> int:
-    print(bench.device_line(), flush=True)
-    kernels = {}
-    for name in names or VARIANTS:
-        source = lab_source(name)
-        kernels[name] = steps.Kernel(steps.get(4), source, build.build_step(source, f"lab04_{name}", ()))
-    for name in (n for n in CORRECT if n in kernels):
-        verdicts = check.check_matrix(kernels[name], "cuda", (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
-        print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
+    sources = {name: lab_source(name) for name in names or VARIANTS}
+    kernels = labkit.build_and_check(4, sources, CORRECT, (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
     for label, shape, dtype in TIMED:
-        inputs = make_inputs(shape, dtype, "cuda", 0)
-        out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
-        calls = {name: (lambda k=k: k(*inputs, shape.heads, out=out)) for name, k in kernels.items()}
-        calls.update(bench.peers(inputs, shape.heads))
-        row = [f"{name} {bench.time_fn(call, 'graph', name).median_us:.1f}" for name, call in calls.items()]
-        print(f"{label:14} " + " | ".join(row), flush=True)
+        labkit.time_row(label, kernels, shape, dtype, with_peers=True, digits=1)
     return 0
 
 

@@ -28,14 +28,15 @@ Two variants NOTES.md measured slower, `stagger` (each block starts a slice at a
 and `bulk` (TMA bulk copies, sm_90), edit the kernel as it was before its copies changed: run
 them in a checkout of that commit (`git worktree add ../mla-lab-020cef4 020cef4`).
 """
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from mla_lab import bench, build, check, steps
-from mla_lab.problem import TOY, V2_LITE, make_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
+import labkit  # noqa: E402
+from mla_lab import check  # noqa: E402
+from mla_lab.problem import TOY, V2_LITE  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 # variant -> ((text in kernels/07_latency.cu, what replaces it), ...)
@@ -93,37 +94,14 @@ TIMED = (("toy fp32", TOY, torch.float32), ("toy bf16", TOY, torch.bfloat16),
 
 
 def lab_source(name: str) -> Path:
-    if name == "previous":
-        text = subprocess.run(["git", "show", f"{PREVIOUS_COMMIT}:kernels/07_latency.cu"], check=True,
-                              capture_output=True, text=True, cwd=steps.REPO).stdout
-    else:
-        text = (steps.KERNELS_DIR / "07_latency.cu").read_text()
-    for original, replacement in EDITS.get(name, ()):
-        if text.count(original) != 1:
-            raise RuntimeError(f"{name}: kernels/07_latency.cu no longer has exactly one {original!r}")
-        text = text.replace(original, replacement)
-    BUILD.mkdir(exist_ok=True)
-    path = BUILD / f"07_{name}.cu"
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return path
+    return labkit.edited_source("07_latency.cu", name, EDITS, PREVIOUS_COMMIT, BUILD)
 
 
 def main(names: list[str]) -> int:
-    print(bench.device_line(), flush=True)
-    kernels = {}
-    for name in names or VARIANTS:
-        source = lab_source(name)
-        kernels[name] = steps.Kernel(steps.get(7), source, build.build_step(source, f"lab07_{name}", ()))
-    for name in (n for n in CORRECT if n in kernels):
-        verdicts = check.check_matrix(kernels[name], "cuda", (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
-        print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
+    sources = {name: lab_source(name) for name in names or VARIANTS}
+    kernels = labkit.build_and_check(7, sources, CORRECT, (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
     for label, shape, dtype in TIMED:
-        inputs = make_inputs(shape, dtype, "cuda", 0)
-        out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
-        row = [f"{name} {bench.time_fn(lambda k=k: k(*inputs, shape.heads, out=out), 'graph', name).median_us:.2f}"
-               for name, k in kernels.items()]
-        print(f"{label:14} " + " | ".join(row), flush=True)
+        inputs, out = labkit.time_row(label, kernels, shape, dtype, with_peers=False, digits=2)
         if "timeline" in kernels:
             print(timeline(kernels["timeline"], inputs, shape, out), flush=True)
     return 0

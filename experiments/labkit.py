@@ -1,0 +1,60 @@
+"""What the step labs share: a kernel's source with text edits (or as an earlier commit had it),
+built as its own library, checked against float64, then timed in one process on the same inputs.
+
+A lab is a script in experiments/stepN/ that names its kernel file, its edits and its shapes; see
+experiments/step4/lab.py and experiments/step7/lab.py.
+"""
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from mla_lab import bench, build, check, steps
+from mla_lab.problem import Shape, make_inputs
+
+# variant -> ((text in the kernel file, what replaces it), ...)
+Edits = dict[str, tuple[tuple[str, str], ...]]
+
+
+def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: str, build_dir: Path) -> Path:
+    """The kernel file with variant `name`'s edits, or as `previous_commit` had it ("previous"),
+    written to build_dir; fails loudly when the kernel no longer has the text an edit replaces."""
+    if name == "previous":
+        text = subprocess.run(["git", "show", f"{previous_commit}:kernels/{kernel_file}"], check=True,
+                              capture_output=True, text=True, cwd=steps.REPO).stdout
+    else:
+        text = (steps.KERNELS_DIR / kernel_file).read_text()
+    for original, replacement in edits.get(name, ()):
+        if text.count(original) != 1:
+            raise RuntimeError(f"{name}: kernels/{kernel_file} no longer has exactly one {original!r}")
+        text = text.replace(original, replacement)
+    build_dir.mkdir(exist_ok=True)
+    path = build_dir / f"{Path(kernel_file).stem.split('_')[0]}_{name}.cu"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str], shapes: Iterable[Shape]) -> dict:
+    """Builds each variant as its own library; checks those in `correct` (the others compute
+    garbage on purpose) on `shapes` in both dtypes, printing one line each."""
+    print(bench.device_line(), flush=True)
+    kernels = {name: steps.Kernel(steps.get(step), source, build.build_step(source, f"lab{step:02}_{name}", ()))
+               for name, source in sources.items()}
+    for name in (n for n in correct if n in kernels):
+        verdicts = check.check_matrix(kernels[name], "cuda", tuple(shapes))
+        print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
+    return kernels
+
+
+def time_row(label: str, kernels: dict, shape: Shape, dtype: torch.dtype, with_peers: bool, digits: int) -> tuple:
+    """One line of median µs (graph replay), every variant on the same inputs and output."""
+    inputs = make_inputs(shape, dtype, "cuda", 0)
+    out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
+    calls = {name: (lambda k=k: k(*inputs, shape.heads, out=out)) for name, k in kernels.items()}
+    if with_peers:
+        calls.update(bench.peers(inputs, shape.heads))
+    row = [f"{name} {bench.time_fn(call, 'graph', name).median_us:.{digits}f}" for name, call in calls.items()]
+    print(f"{label:14} " + " | ".join(row), flush=True)
+    return inputs, out
