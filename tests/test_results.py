@@ -21,6 +21,16 @@ def test_a_sweep_says_where_and_how_it_was_measured(path):
     assert path == sweep.sweep_path_for(record.meta)
 
 
+def test_the_newest_sweep_measured_the_sources_as_they_are():
+    # Every number in the README, the plots and the notebooks comes from this file: a change to a
+    # kernel or to mla_lab lands with a new sweep (`make bench`, `make notebooks`), or not at all.
+    newest = max((sweep.Sweep.load(path) for path in SWEEPS), key=lambda record: record.meta["date"])
+    assert newest.meta["sources"] == sweep.sources_fingerprint(), (
+        f"results were measured on sources {newest.meta['sources']}, these are {sweep.sources_fingerprint()}: "
+        "run `make bench` and `make notebooks` on a GPU machine and commit results/ and notebooks/"
+    )
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
 def test_a_sweep_covers_every_step_peer_shape_dtype_and_mode(path):
     record = sweep.Sweep.load(path)
