@@ -2,7 +2,8 @@
 built as its own library, checked against float64, then timed in one process on the same inputs.
 
 A lab is a script in experiments/stepN/ that names its kernel file, its edits and its shapes; see
-experiments/step4/lab.py and experiments/step7/lab.py.
+experiments/step4/lab.py and experiments/step7/lab.py (experiments/step6/lab.py, whose variants are
+compile-time switches in one copy, uses only `kernel_at` and `write_source`).
 """
 import subprocess
 from collections.abc import Iterable
@@ -17,23 +18,29 @@ from mla_lab.problem import Shape, make_inputs
 Edits = dict[str, tuple[tuple[str, str], ...]]
 
 
+def kernel_at(commit: str, kernel_file: str) -> str:
+    """kernels/<kernel_file> as `commit` had it (the labs' "previous" variants)."""
+    return subprocess.run(["git", "show", f"{commit}:kernels/{kernel_file}"], check=True,
+                          capture_output=True, text=True, cwd=steps.REPO).stdout
+
+
+def write_source(path: Path, text: str) -> Path:
+    """Writes a variant's source, leaving the file (and so its build) alone when it is unchanged."""
+    path.parent.mkdir(exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
 def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: str, build_dir: Path) -> Path:
     """The kernel file with variant `name`'s edits, or as `previous_commit` had it ("previous"),
     written to build_dir; fails loudly when the kernel no longer has the text an edit replaces."""
-    if name == "previous":
-        text = subprocess.run(["git", "show", f"{previous_commit}:kernels/{kernel_file}"], check=True,
-                              capture_output=True, text=True, cwd=steps.REPO).stdout
-    else:
-        text = (steps.KERNELS_DIR / kernel_file).read_text()
+    text = kernel_at(previous_commit, kernel_file) if name == "previous" else (steps.KERNELS_DIR / kernel_file).read_text()
     for original, replacement in edits.get(name, ()):
         if text.count(original) != 1:
             raise RuntimeError(f"{name}: kernels/{kernel_file} no longer has exactly one {original!r}")
         text = text.replace(original, replacement)
-    build_dir.mkdir(exist_ok=True)
-    path = build_dir / f"{Path(kernel_file).stem.split('_')[0]}_{name}.cu"
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return path
+    return write_source(build_dir / f"{name}.cu", text)
 
 
 def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str], shapes: Iterable[Shape]) -> dict:

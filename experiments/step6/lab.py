@@ -13,15 +13,16 @@ rounds, beside cuBLAS and eager:
 
 "previous" is the kernel as committed before the switches' choices were made (git show).
 """
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from mla_lab import bench, build, check, steps
-from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
+import labkit  # noqa: E402
+from mla_lab import bench, build, check, steps  # noqa: E402
+from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 PREVIOUS_COMMIT = "56d7bc8"
@@ -86,21 +87,11 @@ def lab_source() -> Path:
         text = text.replace(original, f"#ifdef {switch}\n{replacement}#else\n{original}#endif\n"
                             if original.endswith("\n") else
                             f"\n#ifdef {switch}\n{replacement}\n#else\n{original}\n#endif\n")
-    return _write("06_lab.cu", text)
+    return labkit.write_source(BUILD / "06_lab.cu", text)
 
 
 def previous_source() -> Path:
-    text = subprocess.run(["git", "show", f"{PREVIOUS_COMMIT}:kernels/06_hopper.cu"], check=True,
-                          capture_output=True, text=True, cwd=steps.REPO).stdout
-    return _write("06_previous.cu", text)
-
-
-def _write(name: str, text: str) -> Path:
-    BUILD.mkdir(exist_ok=True)
-    path = BUILD / name
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return path
+    return labkit.write_source(BUILD / "06_previous.cu", labkit.kernel_at(PREVIOUS_COMMIT, "06_hopper.cu"))
 
 
 def kernel(name: str) -> steps.Kernel:
