@@ -69,24 +69,10 @@ __device__ __forceinline__ float component(const float4& v, int q) {
 }
 
 template <typename T>
-struct Problem {
-  const T* hidden;
-  mla::WeightColumns<T> down, up;
-  T* out;
-  int64_t tokens, d_model, rank, columns;  // columns = 2 * width
-  int latent_stride;                       // rank rounded up to whole slices
-  int stages;                              // ring buffers: stages - 1 slices in flight
+struct Problem : mla::Problem<T> {
+  int latent_stride;  // rank rounded up to whole slices
+  int stages;         // ring buffers: stages - 1 slices in flight
 };
-
-// Copies run `e` of a kRows x kWidth block element by element, zeros past the edges:
-// `source(r, c)` is element (r, c)'s address, `inside(r, c)` whether it exists.
-template <int kWidth, typename T, class Source, class Inside>
-__device__ __forceinline__ void copy_elements(T* to, int e, Source source, Inside inside) {
-  const int r = e / (kWidth / kVector<T>), c = e % (kWidth / kVector<T>) * kVector<T>;
-  for (int q = 0; q < kVector<T>; ++q) {
-    to[r * kWidth + c + q] = inside(r, c + q) ? *source(r, c + q) : mla::from_float<T>(0.0f);
-  }
-}
 
 // acc += A @ B over `depth` for this block's tile at output column n0. A is the hidden tile
 // (GEMM 1) or the latent tile in shared memory (GEMM 2, kFromLatent).
@@ -137,8 +123,9 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
       if (whole && a_direct) {
         mla::copy_async_16(a_to + offset, a_from + k0);
       } else {
-        copy_elements<kDepth>(stage, threadIdx.x, [&](int r, int c) { return hidden_at(k0, r, c); },
-                              [&](int r, int c) { return token0 + r < p.tokens && k0 + c < depth; });
+        mla::copy_run_by_elements(stage + a_row * kDepth + a_column, [&](int q) -> const T* {
+          return token0 + a_row < p.tokens && k0 + a_column + q < depth ? hidden_at(k0, a_row, a_column + q) : nullptr;
+        });
       }
     }
 #pragma unroll
@@ -147,9 +134,10 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
         mla::copy_async_16(b_to + offset + uint32_t(sizeof(T) * j * kRowsApart * kColumns),
                            b_from + (k0 + j * kRowsApart) * weights.ld);
       } else {
-        copy_elements<kColumns>(stage + kTokens * kDepth, threadIdx.x + j * kThreads,
-                                [&](int r, int c) { return weights.at(k0 + r, n0 + c); },
-                                [&](int r, int c) { return k0 + r < depth && n0 + c < columns; });
+        const int row = b_row + j * kRowsApart;
+        mla::copy_run_by_elements(stage + kTokens * kDepth + row * kColumns + b_column, [&](int q) -> const T* {
+          return k0 + row < depth && first + q < columns ? weights.at(k0 + row, first + q) : nullptr;
+        });
       }
     }
   };
@@ -238,14 +226,7 @@ __global__ void __launch_bounds__(kThreads, 2) vectorized_kernel(Problem<T> p) {
 
 template <typename T>
 cudaError_t launch(const MlaProblem& raw, cudaStream_t stream) {
-  const int64_t width = raw.heads * raw.head_dim;
-  const T* w_down = static_cast<const T*>(raw.w_down);
-  Problem<T> p{static_cast<const T*>(raw.hidden),
-               {w_down, w_down, raw.rank, raw.rank},
-               {static_cast<const T*>(raw.w_up_k), static_cast<const T*>(raw.w_up_v), width, width},
-               static_cast<T*>(raw.out),
-               raw.tokens, raw.d_model, raw.rank, 2 * width,
-               int(mla::round_up(raw.rank, kDepth)), 0};
+  Problem<T> p{mla::Problem<T>::of(raw), int(mla::round_up(raw.rank, kDepth)), 0};
 
   // As many slices in the ring as this GPU's shared memory holds beside the latent tile, up to
   // kMaxStages: more made no difference on the H200, and with 4 two blocks fit on an SM.

@@ -43,6 +43,26 @@ struct WeightColumns {
   }
 };
 
+// The projection as the FFMA and mma.sync steps (4 and 5) read it: both up-projections as one
+// matrix of 2 * width columns.
+template <typename T>
+struct Problem {
+  const T* hidden;
+  WeightColumns<T> down, up;
+  T* out;
+  int64_t tokens, d_model, rank, columns;  // columns = 2 * width
+
+  static Problem of(const MlaProblem& raw) {
+    const int64_t width = raw.heads * raw.head_dim;
+    const T* w_down = static_cast<const T*>(raw.w_down);
+    return Problem{static_cast<const T*>(raw.hidden),
+                   {w_down, w_down, raw.rank, raw.rank},
+                   {static_cast<const T*>(raw.w_up_k), static_cast<const T*>(raw.w_up_v), width, width},
+                   static_cast<T*>(raw.out),
+                   raw.tokens, raw.d_model, raw.rank, 2 * width};
+  }
+};
+
 // Asynchronous copies into shared memory (sm_80+), used by the steps that keep several slices in
 // flight (4, 5 and 7): each thread issues 16-byte copies, commits them as one group per slice, and
 // later waits until at most `pending` of its groups are still in flight.
@@ -70,6 +90,18 @@ __device__ __forceinline__ void wait_for_copies(int pending) {
 }
 __device__ __forceinline__ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// The path for a 16-byte run that cp.async cannot take (misaligned, across k|v, over an edge):
+// element by element, where `element(q)` is the address of the run's element q, or nullptr
+// past the matrix (which stages a 0).
+template <typename T, class Element>
+__device__ __forceinline__ void copy_run_by_elements(T* to, Element element) {
+#pragma unroll
+  for (int q = 0; q < int(16 / sizeof(T)); ++q) {
+    const T* from = element(q);
+    to[q] = from != nullptr ? *from : from_float<T>(0.0f);
+  }
 }
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
