@@ -2,8 +2,9 @@
 built as its own library, checked against float64, then timed in one process on the same inputs.
 
 A lab is a script in experiments/stepN/ that names its kernel file, its edits and its shapes; see
-experiments/step4/lab.py and experiments/step7/lab.py (experiments/step6/lab.py, whose variants are
-compile-time switches in one copy, uses only `kernel_at` and `write_source`).
+experiments/step4/lab.py, experiments/step5/lab.py and experiments/step7/lab.py
+(experiments/step6/lab.py, whose variants are compile-time switches in one copy, uses only
+`kernel_at` and `write_source`).
 """
 import subprocess
 from collections.abc import Iterable
@@ -19,8 +20,8 @@ Edits = dict[str, tuple[tuple[str, str], ...]]
 
 
 def kernel_at(commit: str, kernel_file: str) -> str:
-    """kernels/<kernel_file> as `commit` had it (the labs' "previous" variants)."""
-    return subprocess.run(["git", "show", f"{commit}:kernels/{kernel_file}"], check=True,
+    """A kernel's file (its path in the repository) as `commit` had it (the labs' "previous" variants)."""
+    return subprocess.run(["git", "show", f"{commit}:{kernel_file}"], check=True,
                           capture_output=True, text=True, cwd=steps.REPO).stdout
 
 
@@ -33,12 +34,13 @@ def write_source(path: Path, text: str) -> Path:
 
 
 def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: str, build_dir: Path) -> Path:
-    """The kernel file with variant `name`'s edits, or as `previous_commit` had it ("previous"),
-    written to build_dir; fails loudly when the kernel no longer has the text an edit replaces."""
-    text = kernel_at(previous_commit, kernel_file) if name == "previous" else (steps.KERNELS_DIR / kernel_file).read_text()
+    """The kernel file (its path in the repository) with variant `name`'s edits, or as
+    `previous_commit` had it ("previous"), written to build_dir; fails loudly when the kernel no
+    longer has the text an edit replaces."""
+    text = kernel_at(previous_commit, kernel_file) if name == "previous" else (steps.REPO / kernel_file).read_text()
     for original, replacement in edits.get(name, ()):
         if text.count(original) != 1:
-            raise RuntimeError(f"{name}: kernels/{kernel_file} no longer has exactly one {original!r}")
+            raise RuntimeError(f"{name}: {kernel_file} no longer has exactly one {original!r}")
         text = text.replace(original, replacement)
     return write_source(build_dir / f"{name}.cu", text)
 

@@ -7,18 +7,25 @@
 //   m16n8k8 for TF32. Operands come from shared memory; bf16 ones through ldmatrix (.trans for B,
 //   whose rows are k). Rows are padded by 16 or 32 bytes so these reads hit 32 distinct banks.
 // - Slices 128 bytes deep arrive by cp.async into a ring of as many buffers as the GPU's shared
-//   memory holds beside the latent tile (2 to 8; 6 for V2-Lite on an H200): while the tensor cores
-//   work on one slice, the next ones are already in flight, and one barrier per slice suffices.
-//   Tails, misaligned views and runs across the k|v boundary are staged by ordinary loads
-//   instead (zeros past the edges), so every shape stays correct.
+//   memory holds beside the latent tile (2 to 8; at V2-Lite on an H200, 3 in bf16 and 2 in
+//   fp32): while the tensor cores work on one slice, the next ones are already in flight, and
+//   one barrier per slice suffices.
+// - A thread's copies are planned once per tile (`Runs`: where each 16-byte run starts and lands,
+//   whether it is aligned and inside the matrix), so a slice costs one cp.async per run. Runs
+//   that are misaligned, cross the k|v boundary or hang over a tail go element by element
+//   (zeros past the edges), so every shape stays correct. Working each copy out afresh, as a
+//   first version did, cost as much as the arithmetic: ncu counted 120 M instructions at V2-Lite
+//   4096 bf16 against 57 M planned, and the step ran twice as long (kernels/NOTES.md).
 // - The latent tile is stored once in shared memory (bf16 for bf16 inputs, rounded as eager
 //   rounds its latent; fp32 for fp32) and GEMM 2 reads its A fragments straight from there.
 // - The epilogue stages each output tile in shared memory, then writes whole 16-byte runs of the
 //   stacked (B, S, 2, H, hd) rows, a warp covering contiguous memory.
-// - Parallelism: a big tile (64 tokens) uses each weight slice 64 times but leaves a V2-Lite
-//   batch of 4096 tokens with only 64 token tiles for 132 SMs; the output columns are split
-//   over blocks (mla::choose_column_splits: each split recomputes GEMM 1, about 1/3 of the work
-//   at V2-Lite), and small batches use a 16 x 64 tile so the toy gets 96 blocks.
+// - Tiles: 64 tokens x 256 columns and 16 warps where that still gives every SM a block, else
+//   32 x 128 with 4 warps, else 16 x 64 (the toy: 96 blocks). The big tile uses each staged
+//   slice of weights 64 times and of the hidden tile 256 times, and gives each scheduler 4
+//   warps to hide the latency of ldmatrix and mma.sync. It leaves a V2-Lite batch of 4096
+//   tokens only 64 token tiles for 132 SMs, so the output columns are split over blocks
+//   (mla::choose_column_splits: each split recomputes GEMM 1, about 1/3 of the work there).
 //
 // fp32 inputs run in TF32 (unit roundoff 2^-11 instead of 2^-24): mla_lab.check holds this step
 // to 2e-3 on fp32 inputs instead of 1e-5. Launch limit: rank <= 512 (the latent tile and
@@ -136,39 +143,31 @@ struct Config {
   }
 };
 
-template <typename T>
-struct Problem {
-  const T* hidden;
-  mla::WeightColumns<T> down, up;
-  T* out;
-  int64_t tokens, d_model, rank, columns;  // columns = 2 * width
+// A thread's 16-byte runs of one staged slice (kRows x kWidth elements, row-major): run i starts
+// at row `row0() + i * kRowsApart`, element `column()`. Moving kRowsApart rows on, or on to the
+// next slice (kSlice elements of A's row: 128 bytes; kSlice rows of B), keeps a run's 16-byte
+// alignment, so whether it can go by cp.async is worked out once per tile, not once per copy.
+template <class C, int kRows, int kWidth>
+struct Runs {
+  static constexpr int kPerRow = kWidth / C::kVector;
+  static constexpr int kRowsApart = C::kThreads / kPerRow;
+  static constexpr int kCount = kRows / kRowsApart;
+  static_assert(C::kThreads % kPerRow == 0 && kRows % kRowsApart == 0, "a slice is whole runs, evenly shared");
+  static_assert(kRowsApart % C::kVector == 0, "kRowsApart rows of any row length are a multiple of 16 bytes");
+  __device__ static int row0() { return threadIdx.x / kPerRow; }
+  __device__ static int column() { return threadIdx.x % kPerRow * C::kVector; }
 };
-
-// Copies a rows x columns block into shared memory: 16-byte cp.async where a run is whole and
-// aligned, ordinary loads (0 past the edges) where not. `source(r, c)` gives the element
-// address, `inside(r, c, n)` whether elements c .. c + n - 1 of row r exist and are contiguous.
-template <class C, int kRows, int kWidth, typename T, class Source, class Inside>
-__device__ __forceinline__ void stage(T* dst, int stride, Source source, Inside inside) {
-  for (int e = threadIdx.x; e < kRows * kWidth / C::kVector; e += C::kThreads) {
-    const int r = e / (kWidth / C::kVector), c = e % (kWidth / C::kVector) * C::kVector;
-    T* to = dst + r * stride + c;
-    if (inside(r, c, C::kVector) && mla::aligned16(source(r, c))) {
-      mla::copy_async_16(to, source(r, c));
-    } else {
-      for (int q = 0; q < C::kVector; ++q) {
-        to[q] = inside(r, c + q, 1) ? *source(r, c + q) : mla::from_float<T>(0.0f);
-      }
-    }
-  }
-}
 
 // acc += A @ B over `depth`, for this block's kTokens x kColumns tile at output column n0.
 // A is the hidden tile (GEMM 1) or the latent tile in shared memory (GEMM 2, kFromLatent).
 template <class C, bool kFromLatent, typename T>
-__device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const Problem<T>& p,
+__device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const mla::Problem<T>& p,
                                 int64_t token0, int64_t n0, const T* latent, int latent_stride,
                                 T* a_stages, T* b_stages, int stages) {
   using Core = typename C::Core;
+  using RunsA = Runs<C, C::kTokens, C::kSlice>;
+  using RunsB = Runs<C, C::kSlice, C::kColumns>;
+  constexpr int kStageA = C::kTokens * C::kStrideA, kStageB = C::kSlice * C::kStrideB;  // elements
   const mla::WeightColumns<T> weights = kFromLatent ? p.up : p.down;
   const int64_t depth = kFromLatent ? p.rank : p.d_model;
   const int64_t columns = kFromLatent ? p.columns : p.rank;
@@ -176,50 +175,79 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const P
   const int warp_row = warp / (C::kColumns / C::kWarpColumns) * C::kWarpRows;
   const int warp_column = warp % (C::kColumns / C::kWarpColumns) * C::kWarpColumns;
 
-  auto stage_slice = [&](int64_t k0, int buffer) {
-    if (!kFromLatent) {
-      stage<C, C::kTokens, C::kSlice>(
-          a_stages + buffer * C::kTokens * C::kStrideA, C::kStrideA,
-          [&](int r, int c) { return p.hidden + (token0 + r) * depth + k0 + c; },
-          [&](int r, int c, int n) { return token0 + r < p.tokens && k0 + c + n <= depth; });
+  // This thread's runs, planned once per tile. A run is `direct` (one cp.async) when it is
+  // aligned and inside the matrix, depth aside: only the last slice can pass the depth, and
+  // there every run takes the element path, which writes 0 past the edges.
+  const int a_row = RunsA::row0(), a_column = RunsA::column();
+  const T* a_from = p.hidden + (token0 + a_row) * p.d_model + a_column;
+  const uint32_t a_to = mla::shared_address(a_stages + a_row * C::kStrideA + a_column);
+  unsigned a_direct = 0;  // bit i: run i
+#pragma unroll
+  for (int i = 0; i < RunsA::kCount; ++i) {
+    a_direct |= unsigned(!kFromLatent && token0 + a_row + i * RunsA::kRowsApart < p.tokens && mla::aligned16(a_from)) << i;
+  }
+  const int b_row = RunsB::row0();
+  const int64_t b_first = n0 + RunsB::column();
+  const T* b_from = weights.at(b_row, b_first);
+  const uint32_t b_to = mla::shared_address(b_stages + b_row * C::kStrideB + RunsB::column());
+  const bool b_direct = b_first + C::kVector <= columns && mla::aligned16(b_from) &&
+                        (b_first >= weights.split || b_first + C::kVector <= weights.split);
+
+  const int slices = int(mla::ceil_div(depth, C::kSlice));
+  auto stage_slice = [&](int slice, int buffer) {
+    const int64_t k0 = int64_t(slice) * C::kSlice;
+    const bool whole = k0 + C::kSlice <= depth;
+    if constexpr (!kFromLatent) {
+#pragma unroll
+      for (int i = 0; i < RunsA::kCount; ++i) {
+        const int row = a_row + i * RunsA::kRowsApart;
+        if (whole && (a_direct >> i & 1)) {
+          mla::copy_async_16(a_to + uint32_t(sizeof(T) * (buffer * kStageA + i * RunsA::kRowsApart * C::kStrideA)),
+                             a_from + k0 + i * RunsA::kRowsApart * p.d_model);
+        } else {
+          mla::copy_run_by_elements(a_stages + buffer * kStageA + row * C::kStrideA + a_column, [&](int q) -> const T* {
+            const int64_t k = k0 + a_column + q;
+            return token0 + row < p.tokens && k < depth ? p.hidden + (token0 + row) * depth + k : nullptr;
+          });
+        }
+      }
     }
-    stage<C, C::kSlice, C::kColumns>(
-        b_stages + buffer * C::kSlice * C::kStrideB, C::kStrideB,
-        [&](int r, int c) { return weights.at(k0 + r, n0 + c); },
-        [&](int r, int c, int n) {
-          const int64_t column = n0 + c;
-          const bool one_part = column >= weights.split || column + n <= weights.split;
-          return k0 + r < depth && column + n <= columns && one_part;
+#pragma unroll
+    for (int j = 0; j < RunsB::kCount; ++j) {
+      const int row = b_row + j * RunsB::kRowsApart;
+      if (whole && b_direct) {
+        mla::copy_async_16(b_to + uint32_t(sizeof(T) * (buffer * kStageB + j * RunsB::kRowsApart * C::kStrideB)),
+                           b_from + (k0 + j * RunsB::kRowsApart) * weights.ld);
+      } else {
+        mla::copy_run_by_elements(b_stages + buffer * kStageB + row * C::kStrideB + RunsB::column(), [&](int q) -> const T* {
+          const int64_t k = k0 + row, column = b_first + q;
+          return k < depth && column < columns ? weights.at(k, column) : nullptr;
         });
-    mla::commit_copies();
+      }
+    }
   };
 
   // A ring of `stages` buffers: slices s + 1 .. s + stages - 1 are in flight while slice s is
-  // multiplied. Every iteration commits one group (empty past the last slice), so "all but the
-  // newest stages - 2 groups are done" always means "slice s has landed".
-  const int64_t slices = mla::ceil_div(depth, C::kSlice);
-  for (int i = 0; i < stages - 1; ++i) {
-    if (i < slices) {
-      stage_slice(i * C::kSlice, i);
-    } else {
-      mla::commit_copies();
-    }
+  // multiplied. Every step commits one group (empty past the last slice), so "all but the
+  // newest stages - 2 groups have landed" always means "slice s has landed".
+  int fill = 0, drain = 0;  // ring buffers of the next slice to stage and of slice s
+  for (int s = 0; s < stages - 1; ++s) {
+    if (s < slices) stage_slice(s, fill);
+    fill = fill + 1 == stages ? 0 : fill + 1;
+    mla::commit_copies();
   }
-  for (int64_t s = 0; s < slices; ++s) {
+  for (int s = 0; s < slices; ++s) {
     mla::wait_for_copies(stages - 2);
     // Slice s, from every thread's copies, is in shared memory, and every warp is done with
     // slice s - 1, whose buffer is refilled next.
     __syncthreads();
-    const int64_t next = s + stages - 1;
-    if (next < slices) {
-      stage_slice(next * C::kSlice, int(next % stages));
-    } else {
-      mla::commit_copies();
-    }
-    const int buffer = int(s % stages);
-    const T* a_tile = kFromLatent ? latent + s * C::kSlice : a_stages + buffer * C::kTokens * C::kStrideA;
+    if (s + stages - 1 < slices) stage_slice(s + stages - 1, fill);
+    fill = fill + 1 == stages ? 0 : fill + 1;
+    mla::commit_copies();
+    const T* a_tile = kFromLatent ? latent + s * C::kSlice : a_stages + drain * kStageA;
     const int a_stride = kFromLatent ? latent_stride : C::kStrideA;
-    const T* b_tile = b_stages + buffer * C::kSlice * C::kStrideB;
+    const T* b_tile = b_stages + drain * kStageB;
+    drain = drain + 1 == stages ? 0 : drain + 1;
 #pragma unroll
     for (int ks = 0; ks < C::kSlice; ks += Core::kDepth) {
       uint32_t a[C::kTilesM][4], b[C::kTilesN][2];
@@ -268,7 +296,7 @@ __device__ __forceinline__ void for_each_pair(const float (&acc)[C::kTilesM][C::
 }
 
 template <class C, typename T>
-__global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(Problem<T> p, int stages) {
+__global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(mla::Problem<T> p, int stages) {
   extern __shared__ float4 shared_vectors[];  // float4: every region below starts 16-byte aligned
   T* latent = reinterpret_cast<T*>(shared_vectors);
   const int latent_stride = int(C::latent_columns(p.rank)) + C::Core::kPadA;
@@ -316,7 +344,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(Problem<T> 
 }
 
 template <class C, typename T>
-cudaError_t launch_config(const Problem<T>& p, cudaStream_t stream) {
+cudaError_t launch_config(const mla::Problem<T>& p, cudaStream_t stream) {
   const int stages = C::stages_that_fit(p.rank);
   if (stages == 0) return cudaErrorInvalidValue;
   const size_t shared_bytes = C::shared_bytes(p.rank, stages);
@@ -331,28 +359,29 @@ cudaError_t launch_config(const Problem<T>& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Tiles from the most reuse of each staged slice to the most blocks.
 template <typename T>
-using LargeTile = Config<T, sizeof(T) == 2 ? 64 : 32, 128, sizeof(T) == 2 ? 2 : 1, 4>;
+using Tile64 = Config<T, 64, 256, 2, 8>;
 template <typename T>
-using SmallTile = Config<T, 16, 64, 1, 4>;
+using Tile32 = Config<T, 32, 128, 1, 4>;
+template <typename T>
+using Tile16 = Config<T, 16, 64, 1, 4>;
+
+// Whether tile C suits this launch: split to the full, it still gives every SM a block, and this
+// GPU's shared memory holds its latent tile beside two stages (at rank 512, in fp32 the 64-token
+// tile needs 185 KB, more than an A100 has; on Ada only Tile32 in bf16 and Tile16 fit).
+template <class C, typename T>
+bool suits(const mla::Problem<T>& p) {
+  const int64_t blocks = mla::ceil_div(p.tokens, C::kTokens) * mla::ceil_div(p.columns, C::kColumns);
+  return blocks >= mla::multiprocessor_count() && C::stages_that_fit(p.rank) > 0;
+}
 
 template <typename T>
 cudaError_t launch(const MlaProblem& raw, cudaStream_t stream) {
-  const int64_t width = raw.heads * raw.head_dim;
-  const T* w_down = static_cast<const T*>(raw.w_down);
-  const Problem<T> p{static_cast<const T*>(raw.hidden),
-                     {w_down, w_down, raw.rank, raw.rank},
-                     {static_cast<const T*>(raw.w_up_k), static_cast<const T*>(raw.w_up_v), width, width},
-                     static_cast<T*>(raw.out),
-                     raw.tokens, raw.d_model, raw.rank, 2 * width};
-  // The big tile only when, split to the full, it still gives every SM a block, and when this
-  // GPU's shared memory holds its latent tile beside two stages (not on Ada at rank 512).
-  const int64_t big_tile_blocks = mla::ceil_div(p.tokens, LargeTile<T>::kTokens) *
-                                  mla::ceil_div(p.columns, LargeTile<T>::kColumns);
-  if (big_tile_blocks >= mla::multiprocessor_count() && LargeTile<T>::stages_that_fit(p.rank) > 0) {
-    return launch_config<LargeTile<T>>(p, stream);
-  }
-  return launch_config<SmallTile<T>>(p, stream);
+  const mla::Problem<T> p = mla::Problem<T>::of(raw);
+  if (suits<Tile64<T>>(p)) return launch_config<Tile64<T>>(p, stream);
+  if (suits<Tile32<T>>(p)) return launch_config<Tile32<T>>(p, stream);
+  return launch_config<Tile16<T>>(p, stream);
 }
 
 }  // namespace

@@ -65,6 +65,7 @@ def _lab(step: str):
 
 
 STEP4_LAB = _lab("step4")
+STEP5_LAB = _lab("step5")
 STEP6_LAB = _lab("step6")
 STEP7_LAB = _lab("step7")
 
@@ -79,9 +80,9 @@ def test_step6_lab_variants_still_apply_and_compile(variant, tmp_path):
 
 
 # "base" is the kernel itself, compiled above.
-@pytest.mark.parametrize("lab, variant", [(lab, variant) for lab in (STEP4_LAB, STEP7_LAB) for variant in sorted(lab.EDITS)],
+@pytest.mark.parametrize("lab, variant", [(lab, variant) for lab in (STEP4_LAB, STEP5_LAB, STEP7_LAB) for variant in sorted(lab.EDITS)],
                          ids=lambda x: x if isinstance(x, str) else x.__name__)
 def test_lab_variants_still_apply_and_compile(lab, variant, tmp_path):
-    """experiments/step{4,7}/lab.py edit a kernel's text: each variant NOTES.md measured stays buildable."""
+    """experiments/step{4,5,7}/lab.py edit a kernel's text: each variant NOTES.md measured stays buildable."""
     result = compile_with_ptxas_report(lab.lab_source(variant), ARCHS, tmp_path)
     assert result.returncode == 0, result.stderr

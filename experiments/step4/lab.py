@@ -28,7 +28,7 @@ from mla_lab import check  # noqa: E402
 from mla_lab.problem import TOY, V2_LITE  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
-KERNEL = "04_vectorized.cu"
+KERNEL = "kernels/04_vectorized.cu"
 PREVIOUS_COMMIT = "9a2e0e3"
 EDITS = {
     "stages2": (("kMinStages = 2, kMaxStages = 4;", "kMinStages = 2, kMaxStages = 2;"),),

@@ -91,7 +91,7 @@ def lab_source() -> Path:
 
 
 def previous_source() -> Path:
-    return labkit.write_source(BUILD / "06_previous.cu", labkit.kernel_at(PREVIOUS_COMMIT, "06_hopper.cu"))
+    return labkit.write_source(BUILD / "06_previous.cu", labkit.kernel_at(PREVIOUS_COMMIT, "kernels/06_hopper.cu"))
 
 
 def kernel(name: str) -> steps.Kernel:

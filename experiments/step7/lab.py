@@ -94,7 +94,7 @@ TIMED = (("toy fp32", TOY, torch.float32), ("toy bf16", TOY, torch.bfloat16),
 
 
 def lab_source(name: str) -> Path:
-    return labkit.edited_source("07_latency.cu", name, EDITS, PREVIOUS_COMMIT, BUILD)
+    return labkit.edited_source("kernels/07_latency.cu", name, EDITS, PREVIOUS_COMMIT, BUILD)
 
 
 def main(names: list[str]) -> int:
