@@ -1,8 +1,8 @@
 // Step 7 — latency: for few tokens, small blocks with every weight slice in flight at once.
 //
 // The toy (384 tokens, 19 MFLOP) is no work for an H200, yet notebook 07 measured steps 2–6 at
-// 11–43 µs there, none faster than cuBLAS's two launches: their blocks wait more than they
-// compute. Step 3, for one, gives a block 32 tokens and loads one 16-deep slice at a time, so
+// roughly 10 to 50 µs there, no better than cuBLAS's two launches: their blocks wait more than
+// they compute. Step 3, for one, gives a block 32 tokens and loads one 16-deep slice at a time, so
 // each of its 12 blocks makes 22 dependent trips to L2. What changed:
 // - A block owns 8 tokens, so the toy has 48 token tiles; output columns are split over blocks
 //   where that is faster (each split recomputes its 8-token latent, as in step 4), chosen by a
