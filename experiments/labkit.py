@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from mla_lab import bench, build, check, steps
-from mla_lab.problem import Shape, make_inputs
+from mla_lab.problem import TOY, V2_LITE, Shape, make_inputs
 
 # variant -> ((text in the kernel file, what replaces it), ...)
 Edits = dict[str, tuple[tuple[str, str], ...]]
@@ -55,6 +55,19 @@ def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str],
         verdicts = check.check_matrix(kernels[name], "cuda", tuple(shapes))
         print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
     return kernels
+
+
+def run(step: int, sources: dict[str, Path], correct: Iterable[str], timed: Iterable[tuple[str, Shape, torch.dtype]],
+        with_peers: bool = True, digits: int = 1, after_row=None) -> int:
+    """A lab's whole run: build and check the variants on the toy, the quick shapes and V2-Lite at 128
+    tokens, then one timing row per (label, shape, dtype); `after_row(kernels, inputs, shape, out)`
+    may report more about each row."""
+    kernels = build_and_check(step, sources, correct, (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
+    for label, shape, dtype in timed:
+        inputs, out = time_row(label, kernels, shape, dtype, with_peers, digits)
+        if after_row is not None:
+            after_row(kernels, inputs, shape, out)
+    return 0
 
 
 def time_row(label: str, kernels: dict, shape: Shape, dtype: torch.dtype, with_peers: bool, digits: int) -> tuple:

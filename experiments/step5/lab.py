@@ -24,7 +24,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import check  # noqa: E402
 from mla_lab.problem import TOY, V2_LITE  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
@@ -57,12 +56,7 @@ def lab_source(name: str) -> Path:
 
 
 def main(names: list[str]) -> int:
-    sources = {name: lab_source(name) for name in names or VARIANTS}
-    kernels = labkit.build_and_check(5, sources, CORRECT, (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
-    for label, shape, dtype in TIMED:
-        labkit.time_row(label, kernels, shape, dtype, with_peers=True, digits=1)
-    return 0
-
+    return labkit.run(5, {name: lab_source(name) for name in names or VARIANTS}, CORRECT, TIMED)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

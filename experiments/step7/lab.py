@@ -35,7 +35,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import check  # noqa: E402
 from mla_lab.problem import TOY, V2_LITE  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
@@ -98,14 +97,12 @@ def lab_source(name: str) -> Path:
 
 
 def main(names: list[str]) -> int:
-    sources = {name: lab_source(name) for name in names or VARIANTS}
-    kernels = labkit.build_and_check(7, sources, CORRECT, (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
-    for label, shape, dtype in TIMED:
-        inputs, out = labkit.time_row(label, kernels, shape, dtype, with_peers=False, digits=2)
+    def print_timeline(kernels, inputs, shape, out):
         if "timeline" in kernels:
             print(timeline(kernels["timeline"], inputs, shape, out), flush=True)
-    return 0
 
+    return labkit.run(7, {name: lab_source(name) for name in names or VARIANTS}, CORRECT, TIMED,
+                      with_peers=False, digits=2, after_row=print_timeline)
 
 def timeline(kernel, inputs, shape, out) -> str:
     """The timeline variant's marks, one call: when blocks start and end (globaltimer, ns, from
