@@ -9,10 +9,12 @@ rounds, beside cuBLAS and eager:
 
     python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
     python experiments/step6/lab.py time VARIANT...        # µs, min/max of two rounds
+    python experiments/step6/lab.py timeline               # per-block phases at the real sizes
     python experiments/step6/lab.py VARIANT B S D R H HD   # one check, for compute-sanitizer
 
 "previous" is the kernel as committed before the switches' choices were made (git show).
 """
+import ctypes
 import sys
 import time
 from pathlib import Path
@@ -22,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
 from mla_lab import bench, build, check, steps  # noqa: E402
-from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape  # noqa: E402
+from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 PREVIOUS_COMMIT = "56d7bc8"
@@ -58,6 +60,69 @@ STAGGER_SWITCHES = {
         "    const int tile = first_tile + tile_step * int((index + token_tile) % lab_tiles);\n"),
 }
 SWITCHES.update(STAGGER_SWITCHES)
+# Marks for `timeline`: per block, globaltimer (ns) at the start and at each consumer's end, and
+# clock64 at the phase boundaries, read back through lab_read_marks (ctypes).
+MARK_COLUMNS = ("start_ns", "start", "gemm1_written", "cluster_met", "latent_loaded",
+                "gemm2_done_0", "gemm2_done_1", "end_ns_0", "end_ns_1", "writers_counted")
+TIMELINE_SWITCHES = {
+    "LAB_TIMELINE_MARKS": (
+        "__global__ void __launch_bounds__(kThreads, 1)\n",
+        "__device__ long long lab_marks[4096][10];\n"
+        "__device__ __forceinline__ long long lab_ns() {\n"
+        "  long long t;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n  return t;\n}\n"
+        "#define LAB_MARK(i, value) do { if (blockIdx.x < 4096) lab_marks[blockIdx.x][i] = (value); } while (0)\n"
+        "__global__ void __launch_bounds__(kThreads, 1)\n"),
+    "LAB_TIMELINE_READER": (
+        'extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {\n',
+        'extern "C" int lab_clear_marks() {\n  void* marks = nullptr;\n'
+        '  cudaGetSymbolAddress(&marks, lab_marks);\n  return int(cudaMemset(marks, 0xff, sizeof(lab_marks)));\n}\n'
+        'extern "C" int lab_read_marks(long long* host) {\n'
+        '  return int(cudaMemcpyFromSymbol(host, lab_marks, sizeof(lab_marks)));\n}\n'
+        'extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {\n'),
+    "LAB_TIMELINE_START": (
+        "  extern __shared__ uint8_t shared_raw[];\n",
+        "  extern __shared__ uint8_t shared_raw[];\n"
+        "  if (threadIdx.x == 0) { LAB_MARK(0, lab_ns()); LAB_MARK(1, clock64()); }\n"),
+    "LAB_TIMELINE_WRITERS": (
+        "        wait_for_writers(s.ready + token_tile, unsigned(s.groups) * blocks);\n",
+        "        wait_for_writers(s.ready + token_tile, unsigned(s.groups) * blocks);\n"
+        "        LAB_MARK(9, clock64());\n"),
+    "LAB_TIMELINE_GEMM1": (
+        "  if (s.exchange) {  // this block's slice is in global memory: count it, once all 256 threads wrote\n",
+        "  if (threadIdx.x == 128) LAB_MARK(2, clock64());\n"
+        "  if (s.exchange) {  // this block's slice is in global memory: count it, once all 256 threads wrote\n"),
+    "LAB_TIMELINE_LATENT": (
+        "  if (s.exchange) barrier_wait(latent_loaded, 0);\n",
+        "  if (threadIdx.x == 128) LAB_MARK(3, clock64());\n"
+        "  if (s.exchange) barrier_wait(latent_loaded, 0);\n"
+        "  if (threadIdx.x == 128) LAB_MARK(4, clock64());\n"),
+    "LAB_TIMELINE_END": (
+        "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n  }\n}\n",
+        "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n  }\n"
+        "  if (threadIdx.x % 128 == 0) { LAB_MARK(5 + consumer, clock64()); LAB_MARK(7 + consumer, lab_ns()); }\n}\n"),
+}
+SWITCHES.update(TIMELINE_SWITCHES)
+# The producer waits for the other groups' latent slices only after issuing GEMM 2's first ring of
+# weight tiles, so those loads overlap the exchange instead of following it.
+EARLY_UP_SWITCHES = {
+    "LAB_EARLY_UP_OPEN": (
+        "      if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles\n",
+        "      bool lab_fetched = false;\n      auto lab_fetch_foreign = [&] {\n        lab_fetched = true;\n"
+        "      if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles\n"),
+    "LAB_EARLY_UP_CLOSE": (
+        "                     int(token0), latent_loaded);\n          }\n        }\n      }\n",
+        "                     int(token0), latent_loaded);\n          }\n        }\n      }\n      };\n"),
+    "LAB_EARLY_UP_CALL": (
+        "        for (int depth = 0; depth < up_stages; ++depth, ++it) {\n          acquire(kStageBytes);\n",
+        "        for (int depth = 0; depth < up_stages; ++depth, ++it) {\n"
+        "          if (!lab_fetched && it - passes * down_chunks == kStages) lab_fetch_foreign();\n"
+        "          acquire(kStageBytes);\n"),
+    "LAB_EARLY_UP_LAST": (
+        "    }\n    cluster_wait();\n    return;\n",
+        "      if (!lab_fetched) lab_fetch_foreign();\n    }\n    cluster_wait();\n    return;\n"),
+}
+SWITCHES.update(EARLY_UP_SWITCHES)
+SWITCHES["LAB_STAGES2"] = ("constexpr int kStages = 3;", "constexpr int kStages = 2;")
 VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's table
     "xchg": ("LAB_GEMM2_DRAIN", "LAB_LATE_TURN"),
     "xchg_w2": (),  # the committed kernel
@@ -65,6 +130,9 @@ VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's tabl
     "w12": ("LAB_GEMM1_IN_FLIGHT", "LAB_NO_EXCHANGE"),
     "stagger": tuple(STAGGER_SWITCHES),
     "stagger_up": ("LAB_STAGGER_UP_LOADS", "LAB_STAGGER_UP_MATH"),
+    "timeline": tuple(TIMELINE_SWITCHES),
+    "early_up": tuple(EARLY_UP_SWITCHES),
+    "stages2": ("LAB_STAGES2",),
 }
 EXTRA_SHAPES = (
     Shape(1, 513, 200, 512, 5, 64),
@@ -124,12 +192,56 @@ def time_variants(names: list[str]) -> None:
         print(label.ljust(11) + "  ".join(f"{n} {min(v):.1f}/{max(v):.1f}" for n, v in rounds.items()), flush=True)
 
 
+def timeline() -> None:
+    """The timeline variant's marks, one call per real shape: per-block phase lengths in clock64
+    cycles (median and max over the blocks), and the whole call's span by globaltimer."""
+    k = kernel("timeline")
+    library = ctypes.CDLL(str(k.library))
+    marks = torch.empty((4096, len(MARK_COLUMNS)), dtype=torch.int64)
+    for label in ("v2l-512", "v2l-4096", "v2l-8192", "v3tp8-4096", "v3-16384"):
+        shape = TIMED_SHAPES[label]
+        inputs = make_inputs(shape, torch.bfloat16, "cuda", 0)
+        out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
+        k(*inputs, shape.heads, out=out)
+        torch.cuda.synchronize()
+        if library.lab_clear_marks() != 0:
+            raise RuntimeError("lab_clear_marks failed")
+        k(*inputs, shape.heads, out=out)
+        torch.cuda.synchronize()
+        if library.lab_read_marks(ctypes.c_void_p(marks.data_ptr())) != 0:
+            raise RuntimeError("lab_read_marks failed")
+        m = {name: marks[marks[:, 0] != -1, i].double() for i, name in enumerate(MARK_COLUMNS)}
+        end = torch.maximum(m["gemm2_done_0"], m["gemm2_done_1"])
+        end_ns = torch.maximum(m["end_ns_0"], m["end_ns_1"])
+        cycles_per_ns = ((end - m["start"]) / (end_ns - m["start_ns"])).median().item()
+        phases = {
+            "GEMM 1 + slice written": m["gemm1_written"] - m["start"],
+            "to cluster barrier": m["cluster_met"] - m["gemm1_written"],
+            "other groups' slices": m["latent_loaded"] - m["cluster_met"],
+            "GEMM 2, warpgroup 1": m["gemm2_done_0"] - m["latent_loaded"],
+            "GEMM 2, warpgroup 2": m["gemm2_done_1"] - m["latent_loaded"],
+            "block, start to end": end - m["start"],
+        }
+        if (m["writers_counted"] != -1).any():
+            phases["producer: all writers counted"] = m["writers_counted"] - m["start"]
+        span = (end_ns.max() - m["start_ns"].min()).item() / 1e3
+        starts = (m["start_ns"].max() - m["start_ns"].min()).item() / 1e3
+        print(f"{label}: {len(end)} blocks, call {span:.1f} µs (blocks start within {starts:.1f} µs), "
+              f"{cycles_per_ns:.2f} cycles/ns; phases in µs, median / max over blocks:", flush=True)
+        for name, cycles in phases.items():
+            us = cycles / cycles_per_ns / 1e3
+            print(f"    {name:32} {us.median().item():7.2f} / {us.max().item():7.2f}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     print(bench.device_line(), flush=True)
     if argv[0] == "check":
         return 0 if check_variant(argv[1]) else 1
     if argv[0] == "time":
         time_variants(argv[1:])
+        return 0
+    if argv[0] == "timeline":
+        timeline()
         return 0
     shape = Shape(*map(int, argv[1:7]))
     verdict = check.check(kernel(argv[0]), shape, torch.bfloat16, "cuda", trials=1)
