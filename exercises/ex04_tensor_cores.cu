@@ -353,7 +353,7 @@ using Tile16 = Config<T, 16, 64, 1, 4>;
 
 // Whether tile C suits this launch: split to the full, it still gives every SM a block, and this
 // GPU's shared memory holds its latent tile beside two stages (at rank 512, in fp32 the 64-token
-// tile needs 185 KB, more than an A100 has; on Ada only Tile32 in bf16 and Tile16 fit).
+// tile needs 213 KiB, more than an A100 has; on Ada only Tile32 in bf16 and Tile16 fit).
 template <class C, typename T>
 bool suits(const mla::Problem<T>& p) {
   const int64_t blocks = mla::ceil_div(p.tokens, C::kTokens) * mla::ceil_div(p.columns, C::kColumns);

@@ -14,16 +14,21 @@
 // - The parallelism problem without recomputation: a block owns 128 tokens, so V2-Lite's 4096
 //   tokens make only 32 token tiles for 132 SMs. Step 5 split the output columns and recomputed
 //   the latent in every split. Here a *cluster* of up to 4 blocks shares a token tile: each
-//   computes a quarter of the latent columns (GEMM 1 is split, not repeated), writes it into the
-//   shared memory of every block of the cluster (distributed shared memory), and after one
-//   cluster barrier each block holds the whole latent tile as GEMM 2's A operand and computes a
-//   quarter of the output columns. When that still leaves SMs idle (V2-Lite's 32 token tiles: an
-//   H200 holds only 30 clusters of 4), several clusters ("groups") share a token tile, each
-//   taking every groups-th output tile. If the whole grid is resident at once, the groups split
-//   GEMM 1 as well: each block also writes its latent slice to a scratch buffer in global memory
-//   and counts itself done (a release add); the producer waits until every block of the token
-//   tile has counted, then fetches the other clusters' slices with TMA. Otherwise each group
-//   recomputes the latent.
+//   computes a quarter of the latent columns (GEMM 1 is split, not repeated) and copies it into
+//   the shared memory of every other block of the cluster (distributed shared memory, one bulk
+//   copy completing on the receiver's mbarrier), so each block holds the whole latent tile as
+//   GEMM 2's A operand and computes a quarter of the output columns. When that still leaves SMs
+//   idle (V2-Lite's 32 token tiles: an H200 holds only 30 clusters of 4), several clusters
+//   ("groups") share a token tile, each taking every groups-th output tile. If the whole grid is
+//   resident at once, the groups split GEMM 1 as well: each block also writes its latent slice to
+//   a scratch buffer in global memory and counts itself done (a release add); the producer waits
+//   until every block of the token tile has counted, then fetches the other clusters' slices
+//   with TMA. Otherwise each group recomputes the latent.
+// - Copies in flight: a block's loads wait on L2, so its ring's depth sets its speed (a ring of 2
+//   slots instead of 3 made V2-Lite 28-35 % slower). GEMM 1 therefore runs its ring through the
+//   latent tile too, 7 slots of 32 KB, since the latent is written only after GEMM 1: each block
+//   keeps its latent slice in registers until every block of its cluster is done with GEMM 1
+//   (a cluster barrier), which is why no block computes more than 2 latent tiles.
 //
 // Runs where TMA and wgmma apply: bf16, an sm_90 GPU, d_model and rank multiples of 8 (TMA
 // rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
@@ -46,6 +51,12 @@ constexpr int kChunk = kRowBytes / 2; // K elements per swizzled row
 constexpr int kStages = 3;
 constexpr int kStageBytes = 32 * 1024;
 constexpr int kMaxRank = 512;
+// GEMM 1's ring also runs through the latent tile, which is written only once GEMM 1 is done:
+// 7 slots in flight instead of 3. A block holds at most kHeldPasses latent tiles in registers
+// until then (as bf16 pairs), so the launcher gives no block more passes than that.
+constexpr int kLatentBytes = kTokens * kMaxRank * 2;
+constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;
+constexpr int kHeldPasses = 2;
 constexpr int kMaxCluster = 4;
 constexpr int kThreads = 3 * 128;     // warpgroup 0 loads, warpgroups 1 and 2 compute
 constexpr int kConsumerWarps = 8;
@@ -56,6 +67,7 @@ constexpr int kDownBoxBytes = kChunk * kRowBytes;
 constexpr int kUpDepth = 128;
 constexpr int kUpBoxBytes = kUpDepth * kRowBytes;
 constexpr int kLatentChunkBytes = kTokens * kRowBytes;  // 64 latent columns of all 128 tokens
+constexpr int kLatentTileBytes = 2 * kLatentChunkBytes;  // one GEMM 1 pass: 128 latent columns
 
 struct Shapes {
   int64_t tokens, d_model, rank, width;
@@ -107,11 +119,15 @@ __device__ __forceinline__ uint32_t cluster_size() {
 }
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
-// Stores 4 bytes at the same shared-memory offset in block `rank` of the cluster.
-__device__ __forceinline__ void store_in_block(uint32_t local, uint32_t rank, uint32_t value) {
-  uint32_t remote;
+// Copies `bytes` of this block's shared memory at `local` to the same offset in block `rank` of
+// the cluster, completing on that block's mbarrier at the offset of `bar` (one bulk copy: 4-byte
+// stores into another block took 7.5 µs per 32 KB latent tile at V2-Lite, kernels/NOTES.md).
+__device__ __forceinline__ void copy_to_block(uint32_t local, uint32_t rank, uint32_t bytes, uint32_t bar) {
+  uint32_t remote, remote_bar;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(value) : "memory");
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(bar), "r"(rank));
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(remote), "r"(local), "r"(bytes), "r"(remote_bar) : "memory");
 }
 
 // ---- one token tile's groups, through global memory ----------------------------------------
@@ -237,13 +253,14 @@ __device__ __forceinline__ uint32_t latent_offset(int row, int column) {
   return column / kChunk * kLatentChunkBytes + row * kRowBytes + ((unit ^ row % 8) * 16) + column % 8 * 2;
 }
 
-// The ring of kStages slots: the producer fills slot `it % kStages`, the consumers drain it.
+// A ring of `depth` slots: the producer fills slot `it % depth`, the consumers drain it.
 struct Ring {
-  uint32_t slots, full, empty;  // shared addresses: slot 0, then kStages mbarriers each
-  __device__ uint32_t slot(int it) const { return slots + it % kStages * kStageBytes; }
-  __device__ uint32_t full_bar(int it) const { return full + it % kStages * 8; }
-  __device__ uint32_t empty_bar(int it) const { return empty + it % kStages * 8; }
-  __device__ uint32_t parity(int it) const { return it / kStages & 1; }
+  uint32_t slots, full, empty;  // shared addresses: slot 0, then `depth` mbarriers each
+  int depth;
+  __device__ uint32_t slot(int it) const { return slots + it % depth * kStageBytes; }
+  __device__ uint32_t full_bar(int it) const { return full + it % depth * 8; }
+  __device__ uint32_t empty_bar(int it) const { return empty + it % depth * 8; }
+  __device__ uint32_t parity(int it) const { return it / depth & 1; }
 };
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -255,12 +272,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                   Shapes s) {
   extern __shared__ uint8_t shared_raw[];
   // The swizzle is a function of address bits 4-9: every slot and chunk starts 1024-aligned.
+  // [kStages slots | latent tile | mbarriers]: GEMM 1's ring is every slot and the latent tile,
+  // GEMM 2's the kStages slots alone; each ring has its own mbarriers.
   const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
-  const Ring ring{base, base + kStages * kStageBytes + kTokens * kMaxRank * 2,
-                  base + kStages * kStageBytes + kTokens * kMaxRank * 2 + kStages * 8};
   const uint32_t latent = base + kStages * kStageBytes;
-  const uint32_t turn = ring.empty + kStages * 8;  // 2 mbarriers: "consumer c may run GEMM 2 slots"
-  const uint32_t latent_loaded = turn + 2 * 8;     // the other groups' latent tiles have landed
+  const uint32_t barriers = latent + kLatentBytes;
+  const Ring down_ring{base, barriers, barriers + kGemm1Depth * 8, kGemm1Depth};
+  const Ring up_ring{base, barriers + 2 * kGemm1Depth * 8, barriers + (2 * kGemm1Depth + kStages) * 8, kStages};
+  const uint32_t turn = up_ring.empty + kStages * 8;  // 2 mbarriers: "consumer c may run GEMM 2 slots"
+  const uint32_t latent_loaded = turn + 2 * 8;        // the other groups' latent tiles have landed
+  const uint32_t latent_from_cluster = latent_loaded + 8;  // ... and those of this cluster's blocks
 
   const uint32_t rank = cluster_rank(), blocks = cluster_size();
   const int64_t cluster = blockIdx.x / blocks;
@@ -271,43 +292,51 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = group * int(blocks) + int(rank), tile_step = s.groups * int(blocks);
   const int down_chunks = int(mla::ceil_div(s.d_model, kChunk));
   const int up_stages = int(mla::ceil_div(s.rank, kUpDepth));
-  // This block computes latent tiles owner * passes .. (a cluster's blocks are adjacent owners).
-  const int owner = s.exchange ? group * int(blocks) + int(rank) : int(rank);
-  const int first_latent_tile = owner * s.passes;
-  const int passes = max(0, min(s.passes, s.latent_tiles - first_latent_tile));
+  // Block r of the cluster computes latent tiles owner(r) * s.passes .. (adjacent owners).
+  auto first_latent_tile_of = [&](uint32_t r) { return (s.exchange ? group * int(blocks) + int(r) : int(r)) * s.passes; };
+  auto passes_of = [&](uint32_t r) { return max(0, min(s.passes, s.latent_tiles - first_latent_tile_of(r))); };
+  const int first_latent_tile = first_latent_tile_of(rank);
+  const int passes = passes_of(rank);
   const int64_t token_tile = token0 / kTokens;
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      barrier_init(ring.full + 8 * i, 1);
-      barrier_init(ring.empty + 8 * i, kConsumerWarps);
+    for (const Ring* ring : {&down_ring, &up_ring}) {
+      for (int i = 0; i < ring->depth; ++i) {
+        barrier_init(ring->full + 8 * i, 1);
+        barrier_init(ring->empty + 8 * i, kConsumerWarps);
+      }
     }
     for (int i = 0; i < 2; ++i) barrier_init(turn + 8 * i, 4);
     barrier_init(latent_loaded, 1);
+    barrier_init(latent_from_cluster, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    uint32_t from_cluster = 0;
+    for (uint32_t r = 0; r < blocks; ++r) from_cluster += r == rank ? 0 : passes_of(r) * kLatentTileBytes;
+    barrier_expect_bytes(latent_from_cluster, from_cluster);
   }
   // Every block of the cluster has started and initialized its barriers before any block
   // writes into another's shared memory.
   cluster_arrive();
   cluster_wait();
 
+  // After GEMM 1 the consumers meet at a cluster barrier: only once every block's GEMM 1 is done
+  // with its latent tile as ring slots may latent tiles be written into it.
   if (threadIdx.x < 128) {  // producer warpgroup: one thread issues every copy
-    cluster_arrive();       // it writes no latent; the consumers' exchange need not wait for it
+    cluster_arrive();       // it writes no latent: the barrier need not wait for it
     if (threadIdx.x == 0) {
-      int it = 0;
-      auto acquire = [&](uint32_t bytes) {
+      auto acquire = [](const Ring& ring, int it, uint32_t bytes) {
         barrier_wait(ring.empty_bar(it), ring.parity(it) ^ 1);
         barrier_expect_bytes(ring.full_bar(it), bytes);
       };
-      for (int pass = 0; pass < passes; ++pass) {
+      const int gemm1_slots = passes * down_chunks;
+      for (int it = 0; it < gemm1_slots; ++it) {
+        const int pass = it / down_chunks, chunk = it % down_chunks;
         const int column0 = (first_latent_tile + pass) * kColumns;
-        for (int chunk = 0; chunk < down_chunks; ++chunk, ++it) {
-          acquire(kStageBytes);
-          tma_load(ring.slot(it), hidden_map, chunk * kChunk, int(token0), ring.full_bar(it));
-          for (int half = 0; half < 2; ++half) {
-            tma_load(ring.slot(it) + kHiddenBytes + half * kDownBoxBytes, down_map,
-                     column0 + half * kChunk, chunk * kChunk, ring.full_bar(it));
-          }
+        acquire(down_ring, it, kStageBytes);
+        tma_load(down_ring.slot(it), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(it));
+        for (int half = 0; half < 2; ++half) {
+          tma_load(down_ring.slot(it) + kHiddenBytes + half * kDownBoxBytes, down_map,
+                   column0 + half * kChunk, chunk * kChunk, down_ring.full_bar(it));
         }
       }
       if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles
@@ -325,15 +354,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      for (int tile = first_tile; tile < output_tiles; tile += tile_step) {
-        for (int depth = 0; depth < up_stages; ++depth, ++it) {
-          acquire(kStageBytes);
-          for (int half = 0; half < 2; ++half) {
-            const int64_t column = int64_t(tile) * kColumns + half * kChunk;
-            const bool is_k = column < s.width;
-            tma_load(ring.slot(it) + half * kUpBoxBytes, is_k ? up_k_map : up_v_map,
-                     int(is_k ? column : column - s.width), depth * kUpDepth, ring.full_bar(it));
-          }
+      // GEMM 2's first kStages fills go into slots GEMM 1 used: each waits until GEMM 1's last use
+      // of its slot is drained.
+      const int up_slots = int(mla::ceil_div(output_tiles - first_tile, tile_step)) * up_stages;
+      for (int it = 0; it < up_slots; ++it) {
+        if (it < gemm1_slots && it < kStages) {
+          const int last_use = it + (gemm1_slots - 1 - it) / kGemm1Depth * kGemm1Depth;
+          barrier_wait(down_ring.empty_bar(last_use), down_ring.parity(last_use));
+        }
+        const int tile = first_tile + it / up_stages * tile_step, depth = it % up_stages;
+        acquire(up_ring, it, kStageBytes);
+        for (int half = 0; half < 2; ++half) {
+          const int64_t column = int64_t(tile) * kColumns + half * kChunk;
+          const bool is_k = column < s.width;
+          tma_load(up_ring.slot(it) + half * kUpBoxBytes, is_k ? up_k_map : up_v_map,
+                   int(is_k ? column : column - s.width), depth * kUpDepth, up_ring.full_bar(it));
         }
       }
     }
@@ -353,8 +388,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // one warpgroup at a time, with the second (A/B on the H200: kernels/NOTES.md).
   // Each slot's empty barrier expects 8 arrivals: one per consumer warp when both warpgroups read
   // the slot, two per warp when only this warpgroup does.
-  auto run_slots = [&](int first, int slots, uint32_t arrivals_per_warp, auto one_in_flight, auto issue,
-                       auto after_last_wait) {
+  auto run_slots = [&](const Ring& ring, int first, int slots, uint32_t arrivals_per_warp, auto one_in_flight,
+                       auto issue, auto after_last_wait) {
     for (int n = 0; n < slots; ++n) {
       const int it = first + n;
       barrier_wait(ring.full_bar(it), ring.parity(it));
@@ -382,11 +417,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // GEMM 1, both warpgroups on each slot (rows 64 * consumer ..): this block's latent columns,
-  // written into every block of the cluster.
-  for (int pass = 0; pass < passes; ++pass) {
+  // kept in registers as bf16 pairs (and written to the scratch buffer for the other groups)
+  // until every block of the cluster is done with its latent tile as ring slots, then written
+  // into this block's latent tile and copied into the other blocks'.
+  uint32_t latent_pairs[kHeldPasses][kColumns / 4];
+#pragma unroll
+  for (int pass = 0; pass < kHeldPasses; ++pass) {
+    if (pass >= passes) break;
     Accumulator acc;
     zero(acc);
-    run_slots(pass * down_chunks, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
+    run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
 #pragma unroll
       for (int k = 0; k < kChunk / 16; ++k) {
         wgmma_64x128x16(acc, descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024),
@@ -396,12 +436,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(acc);
     const int column0 = (first_latent_tile + pass) * kColumns;
     for_each_pair([&](int row, int column, int pair) {
-      const uint32_t where = latent + latent_offset(consumer * 64 + row, column0 + column);
-      const uint32_t value = pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
-      for (uint32_t block = 0; block < blocks; ++block) store_in_block(where, block, value);
+      latent_pairs[pass][pair] = pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
       if (s.exchange) {
         *reinterpret_cast<uint32_t*>(s.scratch + (token0 + consumer * 64 + row) * s.latent_tiles * kColumns +
-                                     column0 + column) = value;
+                                     column0 + column) = latent_pairs[pass][pair];
       }
     });
   }
@@ -410,11 +448,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("bar.sync 1, 256;" ::: "memory");
     if (threadIdx.x == 128) count_writer(s.ready + token_tile);
   }
-  // The latent reaches wgmma (the async proxy) through ordinary stores: fence, then barrier.
-  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
   cluster_arrive();
   cluster_wait();
+#pragma unroll
+  for (int pass = 0; pass < kHeldPasses; ++pass) {
+    if (pass >= passes) break;
+    const int column0 = (first_latent_tile + pass) * kColumns;
+    for_each_pair([&](int row, int column, int pair) {
+      const uint32_t where = latent + latent_offset(consumer * 64 + row, column0 + column);
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(where), "r"(latent_pairs[pass][pair]) : "memory");
+    });
+  }
+  // The slice reaches wgmma and the bulk copies (the async proxy) through ordinary stores: fence,
+  // then barrier; then one thread copies it into the cluster's other blocks.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("bar.sync 1, 256;" ::: "memory");
+  if (threadIdx.x == 128 && passes > 0) {
+    for (uint32_t r = 0; r < blocks; ++r) {
+      if (r != rank) {
+        copy_to_block(latent + first_latent_tile * kLatentTileBytes, r, passes * kLatentTileBytes,
+                      latent_from_cluster);
+      }
+    }
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+  barrier_wait(latent_from_cluster, 0);
   if (s.exchange) barrier_wait(latent_loaded, 0);
 
   // GEMM 2: the latent tile (A, from shared memory) times [w_up_k | w_up_v], tile by tile, in
@@ -428,7 +486,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // could wait on a slot whose previous fill, meant for the other, had not landed yet: a parity
   // wait cannot tell those two fills apart and passes at once (found on the H200: a wrong v and a
   // hang, 2026-12-03).
-  const int gemm1_slots = passes * down_chunks;
   int turns = 0;  // how many times this warpgroup has waited for its turn
   for (int tile = first_tile, index = 0; tile < output_tiles; tile += tile_step, ++index) {
     if (index % 2 != consumer) continue;
@@ -439,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The other warpgroup's turn comes as soon as this one has waited on its last slot: its first
     // wgmmas then queue behind this one's last, with no gap for the tensor cores.
     auto pass_turn = [&] { if (warp_leader) barrier_arrive(turn + 8 * (1 - consumer), 1); };
-    run_slots(gemm1_slots + index * up_stages, up_stages, 2, std::true_type{}, [&](uint32_t slot, int depth) {
+    run_slots(up_ring, index * up_stages, up_stages, 2, std::true_type{}, [&](uint32_t slot, int depth) {
 #pragma unroll
       for (int k = 0; k < kUpDepth / 16; ++k) {
         const int column = depth * kUpDepth + 16 * k;  // latent column = K of GEMM 2
@@ -454,6 +511,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_tile(upper, out, token0, s.tokens, columns, column0);
     store_tile(lower, out, token0 + 64, s.tokens, columns, column0);
   }
+  // This block's shared memory must outlive the copies that read it.
+  if (threadIdx.x == 128) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 // ---- host side -----------------------------------------------------------------------------
@@ -502,7 +561,7 @@ int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
   return fit > 0 ? fit : 0;
 }
 
-size_t shared_bytes() { return 1024 + kStages * kStageBytes + kTokens * kMaxRank * 2 + (2 * kStages + 3) * 8; }
+size_t shared_bytes() { return 1024 + kStages * kStageBytes + kLatentBytes + (2 * kGemm1Depth + 2 * kStages + 4) * 8; }
 
 bool takes_fast_path(const MlaProblem* p) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p->hidden) | reinterpret_cast<uintptr_t>(p->w_down) |
@@ -544,7 +603,8 @@ struct Plan {
 // both GEMMs stream 32 KB per slot (GEMM 1 is bound by that stream, measured: kernels/NOTES.md).
 // Groups split GEMM 1 too, exchanging slices through global memory, when the whole grid is
 // resident at once (a block waits for the others' slices) and that saves GEMM 1 passes;
-// otherwise each group recomputes the latent.
+// otherwise each group recomputes the latent. No block makes more than kHeldPasses passes (so at
+// rank 512 clusters have at least 2 blocks).
 Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_allowed) {
   const int64_t output_tiles = 2 * p->heads * p->head_dim / kColumns;
   const double down_slots = double(mla::ceil_div(p->d_model, kChunk));
@@ -558,17 +618,19 @@ Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_a
     if (blocks > best.latent_tiles) continue;
     const int fit = clusters_that_fit(blocks, config);
     if (fit == 0) continue;
-    for (int64_t groups = 1; blocks * groups <= output_tiles; groups *= 2) {
+    for (int64_t groups = 1; groups == 1 || blocks * groups <= output_tiles; groups *= 2) {
       const int64_t waves = mla::ceil_div(best.token_tiles * groups, fit);
       const int64_t alone = mla::ceil_div(best.latent_tiles, blocks);
       const int64_t shared = mla::ceil_div(best.latent_tiles, blocks * groups);
       const bool exchange = exchange_allowed && waves == 1 && shared < alone;
-      const double cost = double(waves) * (double(exchange ? shared : alone) * down_slots +
+      const int64_t passes = exchange ? shared : alone;
+      if (passes > kHeldPasses) continue;
+      const double cost = double(waves) * (double(passes) * down_slots +
                                             double(mla::ceil_div(output_tiles, blocks * groups)) * up_slots);
       if (best_cost == 0.0 || cost < 0.999 * best_cost || (cost < 1.001 * best_cost && waves < best_waves)) {
         best_cost = cost, best_waves = waves;
         best.blocks = blocks, best.groups = groups, best.exchange = exchange;
-        best.passes = int(exchange ? shared : alone);
+        best.passes = int(passes);
       }
     }
   }

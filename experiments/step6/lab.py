@@ -8,7 +8,7 @@ process on the same inputs (`bench.compare`, which checks each output first), gr
 rounds, beside cuBLAS and eager:
 
     python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
-    python experiments/step6/lab.py time VARIANT...        # µs, min/max of two rounds
+    python experiments/step6/lab.py time VARIANT...        # µs, min/max of two rounds (no_store: unchecked)
     python experiments/step6/lab.py timeline               # per-block phases at the real sizes
     python experiments/step6/lab.py VARIANT B S D R H HD   # one check, for compute-sanitizer
 
@@ -27,30 +27,27 @@ from mla_lab import bench, build, check, steps  # noqa: E402
 from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
-PREVIOUS_COMMIT = "56d7bc8"
+PREVIOUS_COMMIT = "0bf842a"
 # switch -> (text in kernels/06_hopper.cu, what replaces it under #ifdef switch)
 SWITCHES = {
-    "LAB_GEMM1_IN_FLIGHT": ("run_slots(pass * down_chunks, down_chunks, 1, std::false_type{}, [&]",
-                            "run_slots(pass * down_chunks, down_chunks, 1, std::true_type{}, [&]"),
-    "LAB_GEMM2_DRAIN": ("run_slots(gemm1_slots + index * up_stages, up_stages, 2, std::true_type{}, [&]",
-                        "run_slots(gemm1_slots + index * up_stages, up_stages, 2, std::false_type{}, [&]"),
+    "LAB_GEMM1_IN_FLIGHT": ("run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&]",
+                            "run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::true_type{}, [&]"),
+    "LAB_GEMM2_DRAIN": ("run_slots(up_ring, index * up_stages, up_stages, 2, std::true_type{}, [&]",
+                        "run_slots(up_ring, index * up_stages, up_stages, 2, std::false_type{}, [&]"),
     "LAB_LATE_TURN": ("    }, pass_turn);\n", "    }, [] {});\n    pass_turn();\n"),
-    "LAB_NO_EXCHANGE": ("  return best;\n}\n",
-                        "  if (best.exchange) best.exchange = false, "
-                        "best.passes = int(mla::ceil_div(best.latent_tiles, best.blocks));\n  return best;\n}\n"),
+    "LAB_NO_EXCHANGE": ("plan_launch(p, config, p->workspace != nullptr)", "plan_launch(p, config, false)"),
 }
 # An idea measured wrong (kernels/NOTES.md, "Staggered weight tiles"): every block streams the
 # same weights in the same order, so all SMs ask the same few L2 lines at once. The stagger
 # switches start each token tile at a different output tile (and w_down chunk) to spread them.
 STAGGER_SWITCHES = {
-    "LAB_STAGGER_DOWN": ("        for (int chunk = 0; chunk < down_chunks; ++chunk, ++it) {\n",
-                         "        for (int lab_n = 0; lab_n < down_chunks; ++lab_n, ++it) {\n"
-                         "          const int chunk = int((lab_n + token_tile) % down_chunks);\n"),
+    "LAB_STAGGER_DOWN": ("        const int pass = it / down_chunks, chunk = it % down_chunks;\n",
+                         "        const int pass = it / down_chunks, chunk = int((it % down_chunks + token_tile) % down_chunks);\n"),
     "LAB_STAGGER_UP_LOADS": (
-        "      for (int tile = first_tile; tile < output_tiles; tile += tile_step) {\n",
-        "      const int lab_tiles = max(0, (output_tiles - first_tile + tile_step - 1) / tile_step);\n"
-        "      for (int lab_index = 0; lab_index < lab_tiles; ++lab_index) {\n"
-        "        const int tile = first_tile + tile_step * int((lab_index + token_tile) % lab_tiles);\n"),
+        "        const int tile = first_tile + it / up_stages * tile_step, depth = it % up_stages;\n",
+        "        const int lab_tiles = max(0, (output_tiles - first_tile + tile_step - 1) / tile_step);\n"
+        "        const int tile = first_tile + tile_step * int((it / up_stages + token_tile) % lab_tiles);\n"
+        "        const int depth = it % up_stages;\n"),
     "LAB_STAGGER_UP_MATH": (
         "  for (int tile = first_tile, index = 0; tile < output_tiles; tile += tile_step, ++index) {\n"
         "    if (index % 2 != consumer) continue;\n",
@@ -63,11 +60,12 @@ SWITCHES.update(STAGGER_SWITCHES)
 # Marks for `timeline`: per block, globaltimer (ns) at the start and at each consumer's end, and
 # clock64 at the phase boundaries, read back through lab_read_marks (ctypes).
 MARK_COLUMNS = ("start_ns", "start", "gemm1_written", "cluster_met", "latent_loaded",
-                "gemm2_done_0", "gemm2_done_1", "end_ns_0", "end_ns_1", "writers_counted")
+                "gemm2_done_0", "gemm2_done_1", "end_ns_0", "end_ns_1", "writers_counted",
+                "gemm1_all_done", "latent_written")
 TIMELINE_SWITCHES = {
     "LAB_TIMELINE_MARKS": (
         "__global__ void __launch_bounds__(kThreads, 1)\n",
-        "__device__ long long lab_marks[4096][10];\n"
+        "__device__ long long lab_marks[4096][12];\n"
         "__device__ __forceinline__ long long lab_ns() {\n"
         "  long long t;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n  return t;\n}\n"
         "#define LAB_MARK(i, value) do { if (blockIdx.x < 4096) lab_marks[blockIdx.x][i] = (value); } while (0)\n"
@@ -96,32 +94,27 @@ TIMELINE_SWITCHES = {
         "  if (threadIdx.x == 128) LAB_MARK(3, clock64());\n"
         "  if (s.exchange) barrier_wait(latent_loaded, 0);\n"
         "  if (threadIdx.x == 128) LAB_MARK(4, clock64());\n"),
+    "LAB_TIMELINE_FIRST_BARRIER": (
+        "  cluster_arrive();\n  cluster_wait();\n#pragma unroll\n",
+        "  cluster_arrive();\n  cluster_wait();\n  if (threadIdx.x == 128) LAB_MARK(10, clock64());\n#pragma unroll\n"),
+    "LAB_TIMELINE_WRITTEN": (
+        "  barrier_wait(latent_from_cluster, 0);\n",
+        "  if (threadIdx.x == 128) LAB_MARK(11, clock64());\n  barrier_wait(latent_from_cluster, 0);\n"),
     "LAB_TIMELINE_END": (
-        "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n  }\n}\n",
-        "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n  }\n"
-        "  if (threadIdx.x % 128 == 0) { LAB_MARK(5 + consumer, clock64()); LAB_MARK(7 + consumer, lab_ns()); }\n}\n"),
+        "  // This block's shared memory must outlive the copies that read it.\n",
+        "  if (threadIdx.x % 128 == 0) { LAB_MARK(5 + consumer, clock64()); LAB_MARK(7 + consumer, lab_ns()); }\n"
+        "  // This block's shared memory must outlive the copies that read it.\n"),
 }
 SWITCHES.update(TIMELINE_SWITCHES)
-# The producer waits for the other groups' latent slices only after issuing GEMM 2's first ring of
-# weight tiles, so those loads overlap the exchange instead of following it.
-EARLY_UP_SWITCHES = {
-    "LAB_EARLY_UP_OPEN": (
-        "      if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles\n",
-        "      bool lab_fetched = false;\n      auto lab_fetch_foreign = [&] {\n        lab_fetched = true;\n"
-        "      if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles\n"),
-    "LAB_EARLY_UP_CLOSE": (
-        "                     int(token0), latent_loaded);\n          }\n        }\n      }\n",
-        "                     int(token0), latent_loaded);\n          }\n        }\n      }\n      };\n"),
-    "LAB_EARLY_UP_CALL": (
-        "        for (int depth = 0; depth < up_stages; ++depth, ++it) {\n          acquire(kStageBytes);\n",
-        "        for (int depth = 0; depth < up_stages; ++depth, ++it) {\n"
-        "          if (!lab_fetched && it - passes * down_chunks == kStages) lab_fetch_foreign();\n"
-        "          acquire(kStageBytes);\n"),
-    "LAB_EARLY_UP_LAST": (
-        "    }\n    cluster_wait();\n    return;\n",
-        "      if (!lab_fetched) lab_fetch_foreign();\n    }\n    cluster_wait();\n    return;\n"),
-}
-SWITCHES.update(EARLY_UP_SWITCHES)
+# GEMM 1's ring: every slot and the latent tile (committed), only the kStages slots (`ring3`, as
+# before it borrowed the latent tile), or two borrowed slots (`ring5`); and GEMM 2's ring of 2.
+# Timing only (the output is garbage): GEMM 2's tiles are computed but not stored.
+SWITCHES["LAB_NO_STORE"] = ("    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
+                            "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n", "")
+SWITCHES["LAB_GEMM1_RING3"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
+                               "constexpr int kGemm1Depth = kStages;")
+SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
+                               "constexpr int kGemm1Depth = kStages + 2;")
 SWITCHES["LAB_STAGES2"] = ("constexpr int kStages = 3;", "constexpr int kStages = 2;")
 VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's table
     "xchg": ("LAB_GEMM2_DRAIN", "LAB_LATE_TURN"),
@@ -131,9 +124,12 @@ VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's tabl
     "stagger": tuple(STAGGER_SWITCHES),
     "stagger_up": ("LAB_STAGGER_UP_LOADS", "LAB_STAGGER_UP_MATH"),
     "timeline": tuple(TIMELINE_SWITCHES),
-    "early_up": tuple(EARLY_UP_SWITCHES),
     "stages2": ("LAB_STAGES2",),
+    "ring3": ("LAB_GEMM1_RING3",),
+    "ring5": ("LAB_GEMM1_RING5",),
+    "no_store": ("LAB_NO_STORE",),
 }
+GARBAGE = {"no_store"}  # timed, never checked
 EXTRA_SHAPES = (
     Shape(1, 513, 200, 512, 5, 64),
     Shape(1, 1000, 2048, 512, 1, 64),
@@ -183,12 +179,18 @@ def check_variant(name: str) -> bool:
 
 
 def time_variants(names: list[str]) -> None:
-    kernels = {name: kernel(name) for name in names}
+    kernels = {name: kernel(name) for name in names if name not in GARBAGE}
+    garbage = {name: kernel(name) for name in names if name in GARBAGE}
     for label, shape in TIMED_SHAPES.items():
         rounds: dict[str, list[float]] = {}
+        inputs = make_inputs(shape, torch.bfloat16, "cuda", 1)  # bench.compare's, for seed=1
+        out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
         for _ in range(2):  # bench.compare checks each kernel on the inputs, then times it and the peers
             for timing in bench.compare(kernels, shape, torch.bfloat16, "graph", seed=1):
                 rounds.setdefault(timing.name, []).append(timing.median_us)
+            for name, k in garbage.items():
+                timing = bench.time_fn(lambda k=k: k(*inputs, shape.heads, out=out), "graph", name)
+                rounds.setdefault(name, []).append(timing.median_us)
         print(label.ljust(11) + "  ".join(f"{n} {min(v):.1f}/{max(v):.1f}" for n, v in rounds.items()), flush=True)
 
 
@@ -216,7 +218,9 @@ def timeline() -> None:
         cycles_per_ns = ((end - m["start"]) / (end_ns - m["start_ns"])).median().item()
         phases = {
             "GEMM 1 + slice written": m["gemm1_written"] - m["start"],
-            "to cluster barrier": m["cluster_met"] - m["gemm1_written"],
+            "first cluster barrier": m["gemm1_all_done"] - m["gemm1_written"],
+            "slice written and sent": m["latent_written"] - m["gemm1_all_done"],
+            "cluster's slices received": m["cluster_met"] - m["latent_written"],
             "other groups' slices": m["latent_loaded"] - m["cluster_met"],
             "GEMM 2, warpgroup 1": m["gemm2_done_0"] - m["latent_loaded"],
             "GEMM 2, warpgroup 2": m["gemm2_done_1"] - m["latent_loaded"],
