@@ -12,7 +12,8 @@ rounds, beside cuBLAS and eager:
     python experiments/step6/lab.py timeline               # per-block phases at the real sizes
     python experiments/step6/lab.py VARIANT B S D R H HD   # one check, for compute-sanitizer
 
-"previous" is the kernel as committed before the switches' choices were made (git show).
+"previous" is the kernel as committed before its latest change (PREVIOUS_COMMIT, by git show);
+"xchg_w2" is the committed kernel (the name it had in NOTES.md's stop-12 table).
 """
 import ctypes
 import sys
