@@ -58,18 +58,20 @@ STAGGER_SWITCHES = {
         "    const int tile = first_tile + tile_step * int((index + token_tile) % lab_tiles);\n"),
 }
 SWITCHES.update(STAGGER_SWITCHES)
-# Marks for `timeline`: per block, globaltimer (ns) at the start and at each consumer's end, and
-# clock64 at the phase boundaries, read back through lab_read_marks (ctypes).
-MARK_COLUMNS = ("start_ns", "start", "gemm1_written", "cluster_met", "latent_loaded",
+# Marks for `timeline`: per block (the first MARK_ROWS blocks), globaltimer (ns) at the start and
+# at each consumer's end, and clock64 at the phase boundaries, read back through lab_read_marks
+# (ctypes). Column i is mark i of the kernel's LAB_MARK(i, ...).
+MARK_COLUMNS = ("start_ns", "start", "gemm1_done", "cluster_slices_in", "latent_loaded",
                 "gemm2_done_0", "gemm2_done_1", "end_ns_0", "end_ns_1", "writers_counted",
-                "gemm1_all_done", "latent_written")
+                "cluster_barrier_met", "slice_sent")
+MARK_ROWS = 4096
 TIMELINE_SWITCHES = {
     "LAB_TIMELINE_MARKS": (
         "__global__ void __launch_bounds__(kThreads, 1)\n",
-        "__device__ long long lab_marks[4096][12];\n"
+        f"__device__ long long lab_marks[{MARK_ROWS}][{len(MARK_COLUMNS)}];\n"
         "__device__ __forceinline__ long long lab_ns() {\n"
         "  long long t;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n  return t;\n}\n"
-        "#define LAB_MARK(i, value) do { if (blockIdx.x < 4096) lab_marks[blockIdx.x][i] = (value); } while (0)\n"
+        f"#define LAB_MARK(i, value) do {{ if (blockIdx.x < {MARK_ROWS}) lab_marks[blockIdx.x][i] = (value); }} while (0)\n"
         "__global__ void __launch_bounds__(kThreads, 1)\n"),
     "LAB_TIMELINE_READER": (
         'extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {\n',
@@ -107,11 +109,11 @@ TIMELINE_SWITCHES = {
         "  // This block's shared memory must outlive the copies that read it.\n"),
 }
 SWITCHES.update(TIMELINE_SWITCHES)
-# GEMM 1's ring: every slot and the latent tile (committed), only the kStages slots (`ring3`, as
-# before it borrowed the latent tile), or two borrowed slots (`ring5`); and GEMM 2's ring of 2.
 # Timing only (the output is garbage): GEMM 2's tiles are computed but not stored.
 SWITCHES["LAB_NO_STORE"] = ("    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
                             "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n", "")
+# GEMM 1's ring: every slot and the latent tile (committed), only the kStages slots (`ring3`, as
+# before it borrowed the latent tile), or two borrowed slots (`ring5`); and GEMM 2's ring of 2.
 SWITCHES["LAB_GEMM1_RING3"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
                                "constexpr int kGemm1Depth = kStages;")
 SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
@@ -200,7 +202,7 @@ def timeline() -> None:
     cycles (median and max over the blocks), and the whole call's span by globaltimer."""
     k = kernel("timeline")
     library = ctypes.CDLL(str(k.library))
-    marks = torch.empty((4096, len(MARK_COLUMNS)), dtype=torch.int64)
+    marks = torch.empty((MARK_ROWS, len(MARK_COLUMNS)), dtype=torch.int64)
     for label in ("v2l-512", "v2l-4096", "v2l-8192", "v3tp8-4096", "v3-16384"):
         shape = TIMED_SHAPES[label]
         inputs = make_inputs(shape, torch.bfloat16, "cuda", 0)
@@ -218,11 +220,11 @@ def timeline() -> None:
         end_ns = torch.maximum(m["end_ns_0"], m["end_ns_1"])
         cycles_per_ns = ((end - m["start"]) / (end_ns - m["start_ns"])).median().item()
         phases = {
-            "GEMM 1 + slice written": m["gemm1_written"] - m["start"],
-            "first cluster barrier": m["gemm1_all_done"] - m["gemm1_written"],
-            "slice written and sent": m["latent_written"] - m["gemm1_all_done"],
-            "cluster's slices received": m["cluster_met"] - m["latent_written"],
-            "other groups' slices": m["latent_loaded"] - m["cluster_met"],
+            "GEMM 1 (+ scratch writes)": m["gemm1_done"] - m["start"],
+            "cluster barrier": m["cluster_barrier_met"] - m["gemm1_done"],
+            "slice written and sent": m["slice_sent"] - m["cluster_barrier_met"],
+            "cluster's slices received": m["cluster_slices_in"] - m["slice_sent"],
+            "other groups' slices": m["latent_loaded"] - m["cluster_slices_in"],
             "GEMM 2, warpgroup 1": m["gemm2_done_0"] - m["latent_loaded"],
             "GEMM 2, warpgroup 2": m["gemm2_done_1"] - m["latent_loaded"],
             "block, start to end": end - m["start"],
