@@ -274,7 +274,7 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
 
 // Two adjacent results of one row, rounded to T: into shared memory.
 __device__ __forceinline__ void store_pair(float* dst, float x, float y) {
-  *reinterpret_cast<float2*>(dst) = make_float2(x, y);
+  mla::store_whole<mla::Space::kShared>(dst, make_uint2(__float_as_uint(x), __float_as_uint(y)));
 }
 __device__ __forceinline__ void store_pair(__nv_bfloat16* dst, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);

@@ -55,13 +55,15 @@ __device__ __forceinline__ float4 read_four(const __nv_bfloat16* p) {
   return make_float4(low.x, low.y, high.x, high.y);
 }
 
-// Four adjacent results of one row: one 16-byte (fp32) or 8-byte (bf16) store.
+// Four adjacent results of one row: one 16-byte (fp32) or 8-byte (bf16) store into kSpace.
+template <mla::Space kSpace>
 __device__ __forceinline__ void store_four(float* dst, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  mla::store_whole<kSpace>(dst, make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
+                                           __float_as_uint(v[3])));
 }
+template <mla::Space kSpace>
 __device__ __forceinline__ void store_four(__nv_bfloat16* dst, const float (&v)[4]) {
-  __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
-  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(pairs);
+  mla::store_whole<kSpace>(dst, make_uint2(mla::pack_bf16(v[0], v[1]), mla::pack_bf16(v[2], v[3])));
 }
 
 __device__ __forceinline__ float component(const float4& v, int q) {
@@ -204,7 +206,9 @@ __global__ void __launch_bounds__(kThreads, 2) vectorized_kernel(Problem<T> p) {
     Tile acc = {};
     accumulate_tile<T, false>(acc, p, token0, n0, nullptr, ring);
     if (n0 + column >= p.latent_stride) continue;
-    for (int i = 0; i < kRows; ++i) store_four(latent + (row0 + i) * p.latent_stride + n0 + column, acc[i]);
+    for (int i = 0; i < kRows; ++i) {
+      store_four<mla::Space::kShared>(latent + (row0 + i) * p.latent_stride + n0 + column, acc[i]);
+    }
   }
   __syncthreads();
 
@@ -216,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) vectorized_kernel(Problem<T> p) {
       if (token >= p.tokens) break;
       T* dst = p.out + token * p.columns + first;
       if (first + 4 <= p.columns && reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(T)) == 0) {
-        store_four(dst, acc[i]);
+        store_four<mla::Space::kGlobal>(dst, acc[i]);
       } else {
         for (int j = 0; j < 4 && first + j < p.columns; ++j) dst[j] = mla::from_float<T>(acc[i][j]);
       }

@@ -198,17 +198,12 @@ __device__ __forceinline__ void for_each_pair(F f) {
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
 // Stores this warpgroup's 64 x 128 tile `acc` as bf16 rows first_token.. of `out` (rows of
 // `columns` elements, the tile at column0), 16 bytes per thread per store. wgmma leaves each row's
 // 256 bytes spread over the 4 threads of a quad, 4 bytes per (row, 8-column group); a 4 x 4
 // transpose inside the quad (two rounds of shuffles) gives each thread a whole group, so a warp's
 // store covers 64 contiguous bytes of 8 rows instead of 16 bytes of 8 rows (the measurement is in
-// kernels/NOTES.md).
+// kernels/NOTES.md). Also writes GEMM 1's latent slices to the exchange's scratch buffer.
 __device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16* __restrict__ out,
                                            int64_t first_token, int64_t tokens, int64_t columns,
                                            int64_t column0) {
@@ -223,7 +218,7 @@ __device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int i = 4 * (4 * group + k) + 2 * half;
-        v[k] = pack_bf16(acc[i], acc[i + 1]);
+        v[k] = mla::pack_bf16(acc[i], acc[i + 1]);
       }
       // Quad lanes q and q ^ 2 swap the off-diagonal 2 x 2 blocks, then q and q ^ 1 transpose
       // each block: afterwards v[m] holds columns 8 * (4 * group + quad_lane) + 2 * m, + 1.
@@ -238,8 +233,8 @@ __device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16
         if (odd) v[2 * j] = got; else v[2 * j + 1] = got;
       }
       if (token < tokens) {
-        *reinterpret_cast<uint4*>(out + token * columns + column0 + 8 * (4 * group + quad_lane)) =
-            make_uint4(v[0], v[1], v[2], v[3]);
+        mla::store_whole<mla::Space::kGlobal>(out + token * columns + column0 + 8 * (4 * group + quad_lane),
+                                              make_uint4(v[0], v[1], v[2], v[3]));
       }
     }
   }
@@ -434,14 +429,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }, [] {});
     fence_registers(acc);
-    const int column0 = (first_latent_tile + pass) * kColumns;
-    for_each_pair([&](int row, int column, int pair) {
-      latent_pairs[pass][pair] = pack_bf16(acc[2 * pair], acc[2 * pair + 1]);
-      if (s.exchange) {
-        *reinterpret_cast<uint32_t*>(s.scratch + (token0 + consumer * 64 + row) * s.latent_tiles * kColumns +
-                                     column0 + column) = latent_pairs[pass][pair];
-      }
-    });
+    for_each_pair([&](int, int, int pair) { latent_pairs[pass][pair] = mla::pack_bf16(acc[2 * pair], acc[2 * pair + 1]); });
+    if (s.exchange) {
+      store_tile(acc, s.scratch, token0 + consumer * 64, token0 + kTokens, int64_t(s.latent_tiles) * kColumns,
+                 (first_latent_tile + pass) * kColumns);
+    }
   }
   if (s.exchange) {  // this block's slice is in global memory: count it, once all 256 threads wrote
     __threadfence();

@@ -92,6 +92,36 @@ __device__ __forceinline__ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// One 16- or 8-byte store, kept whole. Written as a float4 / uint4 / float2 assignment, nvcc 13.0
+// split some such stores into 4-byte ones: all of step 4's, one in four of step 6's output stores
+// (four times the instructions, and in global memory up to four times the L2 sectors written),
+// the fp32 pairs of step 5's latent. Seen in their PTX; tests/test_kernel_sources.py now checks
+// every kernel's PTX for stores split that way.
+enum class Space { kGlobal, kShared };
+template <Space kSpace>
+__device__ __forceinline__ void store_whole(void* dst, uint4 v) {
+  if constexpr (kSpace == Space::kGlobal) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  } else {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(shared_address(dst)), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w) : "memory");
+  }
+}
+template <Space kSpace>
+__device__ __forceinline__ void store_whole(void* dst, uint2 v) {
+  if constexpr (kSpace == Space::kGlobal) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(v.x), "r"(v.y) : "memory");
+  } else {
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(shared_address(dst)), "r"(v.x), "r"(v.y) : "memory");
+  }
+}
+// Two floats rounded to bf16, as the 4 bytes of a __nv_bfloat162 (the lower column first).
+__device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
 // The path for a 16-byte run that cp.async cannot take (misaligned, across k|v, over an edge):
 // element by element, where `element(q)` is the address of the run's element q, or nullptr
 // past the matrix (which stages a 0).

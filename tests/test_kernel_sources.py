@@ -39,12 +39,17 @@ def test_there_are_sources():
     assert {p.name for p in SOURCES} >= {step.filename for step in STEPS}
 
 
-def compile_with_ptxas_report(source, arch_flags, tmp_path, defines=()):
+def run_nvcc(source, arch_flags, output, *options):
+    """nvcc as the course builds a step (C++17, -O3, torch's defines), with `options` such as -c or -ptx."""
     return subprocess.run(
-        [nvcc(), "-c", "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *arch_flags, *TORCH_NVCC_DEFINES, *defines,
-         "-Xptxas", "-v", str(source), "-o", str(tmp_path / "step.o")],
+        [nvcc(), *options, "-std=c++17", "-O3", f"-I{KERNELS_DIR}", *arch_flags, *TORCH_NVCC_DEFINES,
+         str(source), "-o", str(output)],
         capture_output=True, text=True,
     )
+
+
+def compile_with_ptxas_report(source, arch_flags, tmp_path, defines=()):
+    return run_nvcc(source, arch_flags, tmp_path / "step.o", "-c", *defines, "-Xptxas", "-v")
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
@@ -55,6 +60,40 @@ def test_compiles_for_its_gpus_without_spills(source, tmp_path):
     assert spills and all(s == "0" for s in spills), result.stderr
     # ptxas says so when it must serialize wgmma (a 2-3x slowdown that still computes right)
     assert "wgmma.mma_async instructions are serialized" not in result.stderr, result.stderr
+
+
+# A 16- or 8-byte store that nvcc split into 4-byte ones: back-to-back scalar stores in the PTX
+# through one address register at offsets o and o + 4, o a multiple of 8 (kernels/mla_common.cuh,
+# store_whole, says where it happened and what it cost). Scalar tail paths test each element first,
+# so their stores are never back to back.
+SCALAR_STORE = re.compile(r"^\s*st(?:\.global|\.shared)?\.(?:f32|u32|b32)\s+\[(%rd?\d+)(?:\+(\d+))?\]")
+
+
+def split_stores(ptx: str) -> list[str]:
+    found, previous = [], None
+    for line in ptx.splitlines():
+        match = SCALAR_STORE.match(line)
+        store = (match.group(1), int(match.group(2) or 0)) if match else None
+        if store and previous and store[0] == previous[0] and store[1] == previous[1] + 4 and previous[1] % 8 == 0:
+            found.append(line.strip())
+        previous = store
+    return found
+
+
+def test_split_stores_are_recognized():
+    split = "\tst.global.f32 \t[%rd5], %f1;\n\tst.global.f32 \t[%rd5+4], %f2;\n"
+    guarded = "\tst.global.f32 \t[%rd5], %f1;\n\tsetp.lt.s64 %p1, %rd2, %rd3;\n\tst.global.f32 \t[%rd5+4], %f2;\n"
+    assert split_stores(split) == ["st.global.f32 \t[%rd5+4], %f2;"]
+    assert split_stores(guarded) == []
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_vector_store_is_split_into_4_byte_stores(source, tmp_path):
+    virtual = ARCHS_OF.get(source.name, ARCHS)[-1].replace("code=sm_", "code=compute_")
+    ptx = tmp_path / "step.ptx"
+    result = run_nvcc(source, [virtual], ptx, "-ptx")
+    assert result.returncode == 0, result.stderr
+    assert split_stores(ptx.read_text()) == []
 
 
 def _lab(step: str):
@@ -77,6 +116,13 @@ def test_step6_lab_variants_still_apply_and_compile(variant, tmp_path):
     result = compile_with_ptxas_report(STEP6_LAB.lab_source(), ARCHS_OF["06_hopper.cu"], tmp_path, switches)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
+
+
+@pytest.mark.parametrize("variant", sorted(STEP6_LAB.COMMITTED_VARIANTS))
+def test_step6_lab_committed_variants_still_build(variant, tmp_path):
+    """The step 6 lab's earlier and abandoned kernels (built from their commits) stay buildable."""
+    result = compile_with_ptxas_report(STEP6_LAB.committed_source(variant), ARCHS_OF["06_hopper.cu"], tmp_path, [])
+    assert result.returncode == 0, result.stderr
 
 
 # "base" is the kernel itself, compiled above.
