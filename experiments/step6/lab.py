@@ -4,18 +4,19 @@ The variants are kernels/06_hopper.cu with compile-time switches that each undo 
 or try one idea; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the
 text a switch edits). Each variant is checked against the float64 oracle (fresh inputs,
 NaN-poisoned output) in its own process, so a hang costs one variant, then all are timed in one
-process on the same inputs (`bench.compare`, which checks each output first), graph replay, two
-rounds (the second in reverse order, the unchecked variants then timed first), beside cuBLAS and eager:
+process on the same inputs (each output checked on them first, but the GARBAGE variants'), graph
+replay, beside cuBLAS and eager, in rounds whose order rotates (TIME_ROUNDS):
 
     python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
-    python experiments/step6/lab.py time VARIANT...        # µs, round 1/round 2 (reversed order); garbage variants unchecked
-    python experiments/step6/lab.py timeline               # per-block phases at the real sizes
+    python experiments/step6/lab.py time VARIANT...        # µs: median of the rounds (lowest-highest round)
+    python experiments/step6/lab.py timeline [VARIANT]     # per-block phases at the real sizes
     python experiments/step6/lab.py VARIANT B S D R H HD   # one check, for compute-sanitizer
 
 "previous" is the kernel as committed before its latest change (PREVIOUS_COMMIT, by git show);
 "xchg_w2" is the committed kernel (the name it had in NOTES.md's stop-12 table).
 """
 import ctypes
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
 from mla_lab import bench, build, check, steps  # noqa: E402
-from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
+from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, oracle  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 PREVIOUS_COMMIT = "f8e2420"
@@ -116,6 +117,15 @@ SWITCHES.update(TIMELINE_SWITCHES)
 # Timing only (the output is garbage): GEMM 2's tiles are computed but not stored.
 SWITCHES["LAB_NO_STORE"] = ("    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
                             "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n", "")
+# Timing only, what the stores cost once their data is ready: GEMM 2's tiles packed and
+# shuffled as for storing, but every store predicated off (a token count of 0 from PTX, so nvcc
+# cannot drop the work before it).
+SWITCHES["LAB_NO_STG"] = ("    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
+                          "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n",
+                          "    int lab_zero;\n"
+                          "    asm volatile(\"mov.u32 %0, 0;\" : \"=r\"(lab_zero));\n"
+                          "    store_tile(upper, out, token0, lab_zero, columns, column0);\n"
+                          "    store_tile(lower, out, token0 + 64, lab_zero, columns, column0);\n")
 # GEMM 1's ring: every slot and the latent tile (committed), only the kStages slots (`ring3`, as
 # before it borrowed the latent tile), or two borrowed slots (`ring5`); and GEMM 2's ring of 2.
 SWITCHES["LAB_GEMM1_RING3"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
@@ -170,6 +180,71 @@ SWITCHES["LAB_UP_KEEP"] = (
     "                       \"l\"(reinterpret_cast<uint64_t>(is_k ? &up_k_map : &up_v_map)),\n"
     "                       \"r\"(int(is_k ? column : column - s.width)), \"r\"(depth * kUpDepth),\n"
     "                       \"r\"(up_ring.full_bar(it)), \"l\"(lab_policy) : \"memory\");\n")
+# The output stores marked L1::no_allocate.
+SWITCHES["LAB_STORE_NA"] = (
+    "        mla::store_whole<mla::Space::kGlobal>(out + token * columns + column0 + 8 * (4 * group + quad_lane),\n"
+    "                                              make_uint4(v[0], v[1], v[2], v[3]));\n",
+    "        asm volatile(\"st.global.L1::no_allocate.v4.b32 [%0], {%1, %2, %3, %4};\"\n"
+    "                     ::\"l\"(out + token * columns + column0 + 8 * (4 * group + quad_lane)),\n"
+    "                     \"r\"(v[0]), \"r\"(v[1]), \"r\"(v[2]), \"r\"(v[3]) : \"memory\");\n")
+# GEMM 2's output by TMA (the idea to measure after the stores above; kernels/NOTES.md, stop 20):
+# a warpgroup keeps the ring slot its tile's last weights came in, writes the finished 128 x 128
+# tile into it as bf16 (swizzled like the latent tile, which is how TMA reads two 64-column
+# boxes; 4-byte stores, conflict-free), and one thread stores it with two bulk tensor copies, then
+# hands the slot back once they have read it. The threads go on to their next tile at once
+# instead of issuing 16 stores of 16 bytes each from registers.
+TMA_STORE_SWITCHES = {
+    "LAB_TMA_STORE_MAP_PARAM": (
+        "                  const __grid_constant__ CUtensorMap scratch_map, __nv_bfloat16* __restrict__ out,\n",
+        "                  const __grid_constant__ CUtensorMap scratch_map, const __grid_constant__ CUtensorMap out_map,\n"
+        "                  __nv_bfloat16* __restrict__ out,\n"),
+    "LAB_TMA_STORE_MAP_MADE": (
+        "  CUtensorMap hidden_map, down_map, up_k_map, up_v_map, scratch_map = {};\n"
+        "  if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||\n",
+        "  CUtensorMap hidden_map, down_map, up_k_map, up_v_map, scratch_map = {}, out_map;\n"
+        "  if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||\n"
+        "      !make_map(&out_map, p->out, p->tokens, 2 * width, kTokens) ||\n"),
+    "LAB_TMA_STORE_MAP_PASSED": (
+        "  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n",
+        "  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n"
+        "                           out_map,\n"),
+    # GEMM 2 is the only caller of run_slots with one slot in flight: its last slot stays taken.
+    "LAB_TMA_STORE_KEEP_LAST_SLOT": (
+        "      wgmma_wait<0>();\n"
+        "      if (warp_leader) barrier_arrive(ring.empty_bar(first + slots - 1), arrivals_per_warp);\n",
+        "      wgmma_wait<0>();\n"),
+    "LAB_TMA_STORE_TILE": (
+        "    fence_registers(lower);\n",
+        "    fence_registers(lower);\n"
+        "    {\n"
+        "      const int last = (index + 1) * up_stages - 1;\n"
+        "      const uint32_t staging = up_ring.slot(last);\n"
+        "      for_each_pair([&](int row, int column, int pair) {\n"
+        "        asm volatile(\"st.shared.u32 [%0], %1;\" ::\"r\"(staging + latent_offset(row, column)),\n"
+        "                     \"r\"(mla::pack_bf16(upper[2 * pair], upper[2 * pair + 1])) : \"memory\");\n"
+        "        asm volatile(\"st.shared.u32 [%0], %1;\" ::\"r\"(staging + latent_offset(64 + row, column)),\n"
+        "                     \"r\"(mla::pack_bf16(lower[2 * pair], lower[2 * pair + 1])) : \"memory\");\n"
+        "      });\n"
+        "      asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
+        "      asm volatile(\"bar.sync %0, 128;\" ::\"r\"(2 + consumer) : \"memory\");\n"
+        "      if (threadIdx.x % 128 == 0) {\n"
+        "        for (int half = 0; half < 2; ++half) {\n"
+        "          asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\"\n"
+        "                       ::\"l\"(reinterpret_cast<uint64_t>(&out_map)), \"r\"(tile * kColumns + half * kChunk),\n"
+        "                       \"r\"(int(token0)), \"r\"(staging + half * kLatentChunkBytes) : \"memory\");\n"
+        "        }\n"
+        "        asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");\n"
+        "        asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");\n"
+        "        barrier_arrive(up_ring.empty_bar(last), kConsumerWarps);\n"
+        "      }\n"
+        "      continue;\n"
+        "    }\n"),
+    # and the threads that issued output stores see them complete before the block exits.
+    "LAB_TMA_STORE_DRAINED": (
+        "  if (threadIdx.x == 128) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");\n",
+        "  if (threadIdx.x % 128 == 0) asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n"),
+}
+SWITCHES.update(TMA_STORE_SWITCHES)
 VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's table
     "xchg": ("LAB_GEMM2_DRAIN", "LAB_LATE_TURN"),
     "xchg_w2": (),  # the committed kernel
@@ -189,8 +264,11 @@ VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's tabl
     "hints": ("LAB_STORE_CS", "LAB_UP_KEEP"),
     "old_stores": ("LAB_OLD_STORES",),
     "old_scratch": ("LAB_OLD_SCRATCH",),
+    "no_stg": ("LAB_NO_STG",),
+    "store_na": ("LAB_STORE_NA",),
+    "tma_store": tuple(TMA_STORE_SWITCHES),
 }
-GARBAGE = {"no_store", "store_same", "store_half"}  # timed, never checked
+GARBAGE = {"no_store", "store_same", "store_half", "no_stg"}  # timed, never checked
 EXTRA_SHAPES = (
     Shape(1, 513, 200, 512, 5, 64),
     Shape(1, 1000, 2048, 512, 1, 64),
@@ -222,12 +300,17 @@ def committed_source(name: str) -> Path:
     return labkit.write_source(BUILD / f"06_{name}.cu", text)
 
 
+def switches_of(name: str) -> tuple[str, ...]:
+    """A variant's switches; "a+b" is variants a and b together (e.g. timeline+no_store)."""
+    return tuple(dict.fromkeys(switch for part in name.split("+") for switch in VARIANTS[part]))
+
+
 def kernel(name: str) -> steps.Kernel:
     if name in COMMITTED_VARIANTS:
         source, flags = committed_source(name), ()
     else:
-        source, flags = lab_source(), tuple(f"-D{switch}" for switch in VARIANTS[name])
-    library = build.build_step(source, f"lab06_{name}", steps.HOPPER_ARCH_FLAGS + flags)
+        source, flags = lab_source(), tuple(f"-D{switch}" for switch in switches_of(name))
+    library = build.build_step(source, f"lab06_{name.replace('+', '_and_')}", steps.HOPPER_ARCH_FLAGS + flags)
     return steps.Kernel(steps.get(6), source, library)
 
 
@@ -242,46 +325,53 @@ def check_variant(name: str) -> bool:
     return all(v.ok for v in verdicts)
 
 
+# Timed one after the other, the variant timed first ran up to 9 % faster at 8192 tokens than the
+# same kernel timed later in the process (stop 19). So each variant and peer is timed in short
+# turns (bench.time_fn, 0.1 s each), round after round, the order rotated every round; a drift
+# of the clocks falls on all of them alike and shows as the spread of their rounds.
+TIME_ROUNDS = 6
+
+
 def time_variants(names: list[str]) -> None:
-    kernels = {name: kernel(name) for name in names if name not in GARBAGE}
-    garbage = {name: kernel(name) for name in names if name in GARBAGE}
+    built = {name: kernel(name) for name in names}
     for label, shape in TIMED_SHAPES.items():
-        rounds: dict[str, list[float]] = {}
-        inputs = make_inputs(shape, torch.bfloat16, "cuda", 1)  # bench.compare's, for seed=1
-        out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
-        # bench.compare checks each kernel on the inputs, then times it and the peers. The variant
-        # timed first ran up to 9 % faster at 8192 tokens than the same kernel timed later in the
-        # process (stop 19), so the second round times everything in reverse order: the unchecked
-        # variants first, then the checked ones from last to first.
-        def time_checked(order: list[str]) -> None:
-            for timing in bench.compare({name: kernels[name] for name in order}, shape, torch.bfloat16, "graph", seed=1):
-                rounds.setdefault(timing.name, []).append(timing.median_us)
-
-        def time_garbage(order: list[str]) -> None:
+        inputs = make_inputs(shape, torch.bfloat16, "cuda", 1)
+        expected = oracle(inputs, shape.heads)
+        calls = {}
+        for name, k in built.items():
+            out = torch.full(shape.out_shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            if name not in GARBAGE:
+                verdict = check.compare(k(*inputs, shape.heads, out=out), expected, torch.bfloat16, shape,
+                                        check.tolerance(k, torch.bfloat16))
+                if not verdict.ok:
+                    raise AssertionError(f"{name} is wrong on {shape.label()}: {verdict.problem}")
+            calls[name] = lambda k=k, out=out: k(*inputs, shape.heads, out=out)
+        calls.update(bench.peers(inputs, shape.heads))
+        rounds: dict[str, list[float]] = {name: [] for name in calls}
+        for r in range(TIME_ROUNDS):
+            order = list(calls)[r % len(calls):] + list(calls)[:r % len(calls)]
             for name in order:
-                k = garbage[name]
-                timing = bench.time_fn(lambda: k(*inputs, shape.heads, out=out), "graph", name)
-                rounds.setdefault(name, []).append(timing.median_us)
-
-        time_checked(list(kernels))
-        time_garbage(list(garbage))
-        time_garbage(list(reversed(garbage)))
-        time_checked(list(reversed(kernels)))
-        print(label.ljust(11) + "  ".join(f"{n} {v[0]:.1f}/{v[1]:.1f}" for n, v in rounds.items()), flush=True)
+                rounds[name].append(bench.time_fn(calls[name], "graph", name, budget_s=0.1).median_us)
+        print(label.ljust(11) + "  ".join(f"{name} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+                                          for name, v in rounds.items()), flush=True)
 
 
-def timeline() -> None:
-    """The timeline variant's marks, one call per real shape: per-block phase lengths in clock64
-    cycles (median and max over the blocks), and the whole call's span by globaltimer."""
-    k = kernel("timeline")
+def timeline(variant: str = "") -> None:
+    """The timeline variant's marks (of `variant` with the marks, if given), one call per real
+    shape after about 0.3 s of the same calls (the clocks of a GPU kept busy): per-block phase
+    lengths in clock64 cycles (median and max over the blocks), and the call's span by globaltimer."""
+    k = kernel(f"timeline+{variant}" if variant else "timeline")
     library = ctypes.CDLL(str(k.library))
     marks = torch.empty((MARK_ROWS, len(MARK_COLUMNS)), dtype=torch.int64)
     for label in ("v2l-512", "v2l-4096", "v2l-8192", "v3tp8-4096", "v3-16384"):
         shape = TIMED_SHAPES[label]
         inputs = make_inputs(shape, torch.bfloat16, "cuda", 0)
         out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
-        k(*inputs, shape.heads, out=out)
-        torch.cuda.synchronize()
+        started = time.time()
+        while time.time() - started < 0.3:
+            for _ in range(20):
+                k(*inputs, shape.heads, out=out)
+            torch.cuda.synchronize()
         if library.lab_clear_marks() != 0:
             raise RuntimeError("lab_clear_marks failed")
         k(*inputs, shape.heads, out=out)
@@ -321,7 +411,7 @@ def main(argv: list[str]) -> int:
         time_variants(argv[1:])
         return 0
     if argv[0] == "timeline":
-        timeline()
+        timeline(*argv[1:2])
         return 0
     shape = Shape(*map(int, argv[1:7]))
     verdict = check.check(kernel(argv[0]), shape, torch.bfloat16, "cuda", trials=1)
