@@ -4,7 +4,7 @@ built as its own library, checked against float64, then timed in one process on 
 A lab is a script in experiments/stepN/ that names its kernel file, its edits and its shapes; see
 experiments/step4/lab.py, experiments/step5/lab.py and experiments/step7/lab.py
 (experiments/step6/lab.py, whose variants are compile-time switches in one copy, uses only
-`kernel_at`, `apply_edits` and `write_source`).
+`kernel_at` and `write_source`).
 """
 import subprocess
 from collections.abc import Iterable
@@ -38,17 +38,11 @@ def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: st
     `previous_commit` had it ("previous"), written to build_dir; fails loudly when the kernel no
     longer has the text an edit replaces."""
     text = kernel_at(previous_commit, kernel_file) if name == "previous" else (steps.REPO / kernel_file).read_text()
-    return write_source(build_dir / f"{name}.cu", apply_edits(text, edits.get(name, ()), f"{name}: {kernel_file}"))
-
-
-def apply_edits(text: str, edits: Iterable[tuple[str, str]], what: str) -> str:
-    """`text` with each (original, replacement) made; fails loudly, naming `what`, when the text no
-    longer has exactly one original."""
-    for original, replacement in edits:
+    for original, replacement in edits.get(name, ()):
         if text.count(original) != 1:
-            raise RuntimeError(f"{what} no longer has exactly one {original!r}")
+            raise RuntimeError(f"{name}: {kernel_file} no longer has exactly one {original!r}")
         text = text.replace(original, replacement)
-    return text
+    return write_source(build_dir / f"{name}.cu", text)
 
 
 def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str], shapes: Iterable[Shape]) -> dict:

@@ -30,10 +30,6 @@ from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, oracle
 
 BUILD = Path(__file__).resolve().parent / "build"
 PREVIOUS_COMMIT = "f8e2420"
-# Earlier kernels, each as its commit built it, with text edits.
-COMMITTED_VARIANTS = {
-    "previous": (PREVIOUS_COMMIT, ()),
-}
 # switch -> (text in kernels/06_hopper.cu, what replaces it under #ifdef switch)
 SWITCHES = {
     "LAB_GEMM1_IN_FLIGHT": ("run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&]",
@@ -114,16 +110,28 @@ TIMELINE_SWITCHES = {
         "  // This block's shared memory must outlive the copies that read it.\n"),
 }
 SWITCHES.update(TIMELINE_SWITCHES)
+# Texts several switches edit: GEMM 2's two output stores, one 16-byte output store, and a 0 that
+# nvcc cannot see through (it comes from PTX), for switches that must keep work nvcc would drop.
+GEMM2_STORES = ("    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
+                "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n")
+OUTPUT_STORE = ("        mla::store_whole<mla::Space::kGlobal>(out + token * columns + column0 + 8 * (4 * group + quad_lane),\n"
+                "                                              make_uint4(v[0], v[1], v[2], v[3]));\n")
+RUNTIME_ZERO = "    int lab_zero;\n    asm volatile(\"mov.u32 %0, 0;\" : \"=r\"(lab_zero));\n"
+
+
+def output_store_as(instruction: str) -> str:
+    """OUTPUT_STORE written as the PTX store `instruction` (e.g. st.global.cs.v4.b32)."""
+    return (f"        asm volatile(\"{instruction} [%0], {{%1, %2, %3, %4}};\"\n"
+            "                     ::\"l\"(out + token * columns + column0 + 8 * (4 * group + quad_lane)),\n"
+            "                     \"r\"(v[0]), \"r\"(v[1]), \"r\"(v[2]), \"r\"(v[3]) : \"memory\");\n")
+
+
 # Timing only (the output is garbage): GEMM 2's tiles are computed but not stored.
-SWITCHES["LAB_NO_STORE"] = ("    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
-                            "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n", "")
+SWITCHES["LAB_NO_STORE"] = (GEMM2_STORES, "")
 # Timing only, what the stores cost once their data is ready: GEMM 2's tiles packed and
 # shuffled as for storing, but every store predicated off (a token count of 0 from PTX, so nvcc
 # cannot drop the work before it).
-SWITCHES["LAB_NO_STG"] = ("    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
-                          "    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n",
-                          "    int lab_zero;\n"
-                          "    asm volatile(\"mov.u32 %0, 0;\" : \"=r\"(lab_zero));\n"
+SWITCHES["LAB_NO_STG"] = (GEMM2_STORES, RUNTIME_ZERO +
                           "    store_tile(upper, out, token0, lab_zero, columns, column0);\n"
                           "    store_tile(lower, out, token0 + 64, lab_zero, columns, column0);\n")
 # GEMM 1's ring: every slot and the latent tile (committed), only the kStages slots (`ring3`, as
@@ -138,24 +146,16 @@ SWITCHES["LAB_STAGES2"] = ("constexpr int kStages = 3;", "constexpr int kStages 
 # zero comes from PTX so that nvcc cannot hoist the tiles' addresses out of the loop (a constant
 # 0 or first_tile made it spill).
 SWITCHES["LAB_STORE_SAME"] = ("    const int64_t column0 = int64_t(tile) * kColumns;\n",
-                              "    int lab_zero;\n"
-                              "    asm volatile(\"mov.u32 %0, 0;\" : \"=r\"(lab_zero));\n"
-                              "    const int64_t column0 = int64_t(tile) * kColumns * lab_zero;\n")
+                              RUNTIME_ZERO + "    const int64_t column0 = int64_t(tile) * kColumns * lab_zero;\n")
 SWITCHES["LAB_STORE_HALF"] = ("    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n", "")
 # L2 eviction hints: output stores marked evict-first (st.global.cs), so the 33 MB to 1 GB of
 # output pushes fewer weight lines out of L2; GEMM 2's weight tiles loaded evict-last, since every
 # token tile reads them again.
-SWITCHES["LAB_STORE_CS"] = (
-    "        mla::store_whole<mla::Space::kGlobal>(out + token * columns + column0 + 8 * (4 * group + quad_lane),\n"
-    "                                              make_uint4(v[0], v[1], v[2], v[3]));\n",
-    "        asm volatile(\"st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\"\n"
-    "                     ::\"l\"(out + token * columns + column0 + 8 * (4 * group + quad_lane)),\n"
-    "                     \"r\"(v[0]), \"r\"(v[1]), \"r\"(v[2]), \"r\"(v[3]) : \"memory\");\n")
+SWITCHES["LAB_STORE_CS"] = (OUTPUT_STORE, output_store_as("st.global.cs.v4.b32"))
 # Stop 19's two store changes one at a time: the output stores as plain uint4 assignments again
 # (nvcc splits one in four of them into 4-byte stores), GEMM 1's scratch writes as 4-byte stores again.
 SWITCHES["LAB_OLD_STORES"] = (
-    "        mla::store_whole<mla::Space::kGlobal>(out + token * columns + column0 + 8 * (4 * group + quad_lane),\n"
-    "                                              make_uint4(v[0], v[1], v[2], v[3]));\n",
+    OUTPUT_STORE,
     "        *reinterpret_cast<uint4*>(out + token * columns + column0 + 8 * (4 * group + quad_lane)) =\n"
     "            make_uint4(v[0], v[1], v[2], v[3]);\n")
 SWITCHES["LAB_OLD_SCRATCH"] = (
@@ -181,12 +181,7 @@ SWITCHES["LAB_UP_KEEP"] = (
     "                       \"r\"(int(is_k ? column : column - s.width)), \"r\"(depth * kUpDepth),\n"
     "                       \"r\"(up_ring.full_bar(it)), \"l\"(lab_policy) : \"memory\");\n")
 # The output stores marked L1::no_allocate.
-SWITCHES["LAB_STORE_NA"] = (
-    "        mla::store_whole<mla::Space::kGlobal>(out + token * columns + column0 + 8 * (4 * group + quad_lane),\n"
-    "                                              make_uint4(v[0], v[1], v[2], v[3]));\n",
-    "        asm volatile(\"st.global.L1::no_allocate.v4.b32 [%0], {%1, %2, %3, %4};\"\n"
-    "                     ::\"l\"(out + token * columns + column0 + 8 * (4 * group + quad_lane)),\n"
-    "                     \"r\"(v[0]), \"r\"(v[1]), \"r\"(v[2]), \"r\"(v[3]) : \"memory\");\n")
+SWITCHES["LAB_STORE_NA"] = (OUTPUT_STORE, output_store_as("st.global.L1::no_allocate.v4.b32"))
 # GEMM 2's output by TMA (the idea to measure after the stores above; kernels/NOTES.md, stop 20):
 # a warpgroup keeps the ring slot its tile's last weights came in, writes the finished 128 x 128
 # tile into it as bf16 (swizzled like the latent tile, which is how TMA reads two 64-column
@@ -293,11 +288,9 @@ def lab_source() -> Path:
     return labkit.write_source(BUILD / "06_lab.cu", text)
 
 
-def committed_source(name: str) -> Path:
-    """A COMMITTED_VARIANTS kernel: kernels/06_hopper.cu as its commit had it, with its edits."""
-    commit, edits = COMMITTED_VARIANTS[name]
-    text = labkit.apply_edits(labkit.kernel_at(commit, "kernels/06_hopper.cu"), edits, f"{name} ({commit})")
-    return labkit.write_source(BUILD / f"06_{name}.cu", text)
+def previous_source() -> Path:
+    """kernels/06_hopper.cu as PREVIOUS_COMMIT had it."""
+    return labkit.write_source(BUILD / "06_previous.cu", labkit.kernel_at(PREVIOUS_COMMIT, "kernels/06_hopper.cu"))
 
 
 def switches_of(name: str) -> tuple[str, ...]:
@@ -306,8 +299,8 @@ def switches_of(name: str) -> tuple[str, ...]:
 
 
 def kernel(name: str) -> steps.Kernel:
-    if name in COMMITTED_VARIANTS:
-        source, flags = committed_source(name), ()
+    if name == "previous":
+        source, flags = previous_source(), ()
     else:
         source, flags = lab_source(), tuple(f"-D{switch}" for switch in switches_of(name))
     library = build.build_step(source, f"lab06_{name.replace('+', '_and_')}", steps.HOPPER_ARCH_FLAGS + flags)
