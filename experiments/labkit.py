@@ -71,12 +71,12 @@ def run(step: int, sources: dict[str, Path], correct: Iterable[str], timed: Iter
 
 
 def time_row(label: str, kernels: dict, shape: Shape, dtype: torch.dtype, with_peers: bool, digits: int) -> tuple:
-    """One line of median µs (graph replay), every variant on the same inputs and output."""
+    """One line of median µs (graph replay, interleaved rounds), every variant on the same inputs and output."""
     inputs = make_inputs(shape, dtype, "cuda", 0)
     out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
     calls = {name: (lambda k=k: k(*inputs, shape.heads, out=out)) for name, k in kernels.items()}
     if with_peers:
         calls.update(bench.peers(inputs, shape.heads))
-    row = [f"{name} {bench.time_fn(call, 'graph', name).median_us:.{digits}f}" for name, call in calls.items()]
+    row = [f"{t.name} {t.median_us:.{digits}f}" for t in bench.time_many(calls, "graph")]
     print(f"{label:14} " + " | ".join(row), flush=True)
     return inputs, out

@@ -46,6 +46,16 @@ constexpr int kVector = 16 / sizeof(T);  // elements in one 16-byte copy
 
 using Tile = float[kRows][4];
 
+// This thread's results in a tile: rows row0 .. row0 + kRows - 1, columns column .. column + 3;
+// its warp's 128 columns start at warp_column.
+struct ThreadTile {
+  int row0, column, warp_column;
+};
+__device__ __forceinline__ ThreadTile thread_tile() {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  return {warp / 2 * kRows, warp % 2 * kHalf + lane * 4, warp % 2 * kHalf};
+}
+
 // Four adjacent elements of shared memory as floats: one 16-byte (fp32) or 8-byte (bf16) read.
 __device__ __forceinline__ float4 read_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 read_four(const __nv_bfloat16* p) {
@@ -92,9 +102,9 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
   const mla::WeightColumns<T> weights = kFromLatent ? p.up : p.down;
   const int64_t depth = kFromLatent ? p.rank : p.d_model;
   const int64_t columns = kFromLatent ? p.columns : p.rank;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = warp / 2 * kRows, column = warp % 2 * kHalf + lane * 4;
-  const bool computes = n0 + warp % 2 * kHalf < columns;  // the same for the whole warp
+  const ThreadTile mine = thread_tile();
+  const int row0 = mine.row0, column = mine.column;
+  const bool computes = n0 + mine.warp_column < columns;  // the same for the whole warp
   const uint32_t ring_address = mla::shared_address(ring);
 
   auto hidden_at = [&](int64_t k0, int r, int c) { return p.hidden + (token0 + r) * depth + k0 + c; };
@@ -198,8 +208,8 @@ __global__ void __launch_bounds__(kThreads, 2) vectorized_kernel(Problem<T> p) {
   float* latent = reinterpret_cast<float*>(shared_vectors);
   T* ring = reinterpret_cast<T*>(latent + kTokens * p.latent_stride);
   const int64_t token0 = int64_t(blockIdx.x) * kTokens;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = warp / 2 * kRows, column = warp % 2 * kHalf + lane * 4;
+  const ThreadTile mine = thread_tile();
+  const int row0 = mine.row0, column = mine.column;
 
   // GEMM 1 into the latent tile; its columns from rank to latent_stride come out 0.
   for (int64_t n0 = 0; n0 < p.latent_stride; n0 += kColumns) {

@@ -24,11 +24,9 @@
 //   a scratch buffer in global memory and counts itself done (a release add); the producer waits
 //   until every block of the token tile has counted, then fetches the other clusters' slices
 //   with TMA. Otherwise each group recomputes the latent.
-// - Copies in flight: a block's loads wait on L2, so its ring's depth sets its speed (a ring of 2
-//   slots instead of 3 made V2-Lite 28-35 % slower). GEMM 1 therefore runs its ring through the
-//   latent tile too, 7 slots of 32 KB, since the latent is written only after GEMM 1: each block
-//   keeps its latent slice in registers until every block of its cluster is done with GEMM 1
-//   (a cluster barrier), which is why no block computes more than 2 latent tiles.
+// - Copies in flight: a ring's depth sets how long a block can wait on its copies (a ring of 2
+//   slots instead of 3 made V2-Lite 28-35 % slower), so GEMM 1's ring also runs through the
+//   latent tile, free until GEMM 1 is done (kGemm1Depth).
 //
 // Runs where TMA and wgmma apply: bf16, an sm_90 GPU, d_model and rank multiples of 8 (TMA
 // rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
@@ -52,8 +50,9 @@ constexpr int kStages = 3;
 constexpr int kStageBytes = 32 * 1024;
 constexpr int kMaxRank = 512;
 // GEMM 1's ring also runs through the latent tile, which is written only once GEMM 1 is done:
-// 7 slots in flight instead of 3. A block holds at most kHeldPasses latent tiles in registers
-// until then (as bf16 pairs), so the launcher gives no block more passes than that.
+// 7 slots in flight instead of 3. A block holds its latent slice in registers (as bf16 pairs)
+// until every block of its cluster is done with GEMM 1 (a cluster barrier): at most kHeldPasses
+// latent tiles, so the launcher gives no block more passes than that.
 constexpr int kLatentBytes = kTokens * kMaxRank * 2;
 constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;
 constexpr int kHeldPasses = 2;
@@ -68,6 +67,13 @@ constexpr int kUpDepth = 128;
 constexpr int kUpBoxBytes = kUpDepth * kRowBytes;
 constexpr int kLatentChunkBytes = kTokens * kRowBytes;  // 64 latent columns of all 128 tokens
 constexpr int kLatentTileBytes = 2 * kLatentChunkBytes;  // one GEMM 1 pass: 128 latent columns
+// The mbarriers after the latent tile, by index (8 bytes each): each ring's full and empty
+// barriers, GEMM 2's two turns ("consumer c may run GEMM 2 slots"), then one for the other
+// groups' latent tiles and one for those of this cluster's blocks.
+constexpr int kDownFull = 0, kDownEmpty = kDownFull + kGemm1Depth;
+constexpr int kUpFull = kDownEmpty + kGemm1Depth, kUpEmpty = kUpFull + kStages;
+constexpr int kTurns = kUpEmpty + kStages, kLatentLoaded = kTurns + 2, kLatentFromCluster = kLatentLoaded + 1;
+constexpr int kBarriers = kLatentFromCluster + 1;
 
 struct Shapes {
   int64_t tokens, d_model, rank, width;
@@ -198,13 +204,21 @@ __device__ __forceinline__ void for_each_pair(F f) {
   }
 }
 
-// Stores this warpgroup's 64 x 128 tile `acc` as bf16 rows first_token.. of `out` (rows of
+// This thread's share of a 64 x 128 tile as bf16 pairs: pairs[p] holds acc[2p] and acc[2p + 1].
+using Pairs = uint32_t[kColumns / 4];
+__device__ __forceinline__ void pack_pairs(const Accumulator& acc, Pairs& pairs) {
+#pragma unroll
+  for (int p = 0; p < kColumns / 4; ++p) pairs[p] = mla::pack_bf16(acc[2 * p], acc[2 * p + 1]);
+}
+
+// Stores this warpgroup's 64 x 128 tile (as `pairs`) in rows first_token.. of `out` (rows of
 // `columns` elements, the tile at column0), 16 bytes per thread per store. wgmma leaves each row's
 // 256 bytes spread over the 4 threads of a quad, 4 bytes per (row, 8-column group); a 4 x 4
 // transpose inside the quad (two rounds of shuffles) gives each thread a whole group, so a warp's
 // store covers 64 contiguous bytes of 8 rows instead of 16 bytes of 8 rows (the measurement is in
-// kernels/NOTES.md). Also writes GEMM 1's latent slices to the exchange's scratch buffer.
-__device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16* __restrict__ out,
+// kernels/NOTES.md). Writes GEMM 2's output tiles and GEMM 1's latent slices to the exchange's
+// scratch buffer.
+__device__ __forceinline__ void store_tile(const Pairs& pairs, __nv_bfloat16* __restrict__ out,
                                            int64_t first_token, int64_t tokens, int64_t columns,
                                            int64_t column0) {
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, quad_lane = lane % 4;
@@ -216,10 +230,7 @@ __device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16
     for (int group = 0; group < 4; ++group) {  // groups 4 * group .. + 3 of 8 columns
       uint32_t v[4];  // v[k]: columns 8 * (4 * group + k) + 2 * quad_lane, + 1
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int i = 4 * (4 * group + k) + 2 * half;
-        v[k] = mla::pack_bf16(acc[i], acc[i + 1]);
-      }
+      for (int k = 0; k < 4; ++k) v[k] = pairs[2 * (4 * group + k) + half];
       // Quad lanes q and q ^ 2 swap the off-diagonal 2 x 2 blocks, then q and q ^ 1 transpose
       // each block: afterwards v[m] holds columns 8 * (4 * group + quad_lane) + 2 * m, + 1.
 #pragma unroll
@@ -238,6 +249,13 @@ __device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16
       }
     }
   }
+}
+__device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16* __restrict__ out,
+                                           int64_t first_token, int64_t tokens, int64_t columns,
+                                           int64_t column0) {
+  Pairs pairs;
+  pack_pairs(acc, pairs);
+  store_tile(pairs, out, first_token, tokens, columns, column0);
 }
 
 // Byte offset of latent element (row, column) in the K-major, 128-byte swizzled tile: 64-column
@@ -271,12 +289,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // GEMM 2's the kStages slots alone; each ring has its own mbarriers.
   const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
   const uint32_t latent = base + kStages * kStageBytes;
-  const uint32_t barriers = latent + kLatentBytes;
-  const Ring down_ring{base, barriers, barriers + kGemm1Depth * 8, kGemm1Depth};
-  const Ring up_ring{base, barriers + 2 * kGemm1Depth * 8, barriers + (2 * kGemm1Depth + kStages) * 8, kStages};
-  const uint32_t turn = up_ring.empty + kStages * 8;  // 2 mbarriers: "consumer c may run GEMM 2 slots"
-  const uint32_t latent_loaded = turn + 2 * 8;        // the other groups' latent tiles have landed
-  const uint32_t latent_from_cluster = latent_loaded + 8;  // ... and those of this cluster's blocks
+  auto barrier = [latent](int index) { return latent + kLatentBytes + 8 * index; };
+  const Ring down_ring{base, barrier(kDownFull), barrier(kDownEmpty), kGemm1Depth};
+  const Ring up_ring{base, barrier(kUpFull), barrier(kUpEmpty), kStages};
+  const uint32_t turn = barrier(kTurns);
+  const uint32_t latent_loaded = barrier(kLatentLoaded);
+  const uint32_t latent_from_cluster = barrier(kLatentFromCluster);
 
   const uint32_t rank = cluster_rank(), blocks = cluster_size();
   const int64_t cluster = blockIdx.x / blocks;
@@ -415,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kept in registers as bf16 pairs (and written to the scratch buffer for the other groups)
   // until every block of the cluster is done with its latent tile as ring slots, then written
   // into this block's latent tile and copied into the other blocks'.
-  uint32_t latent_pairs[kHeldPasses][kColumns / 4];
+  Pairs latent_pairs[kHeldPasses];
 #pragma unroll
   for (int pass = 0; pass < kHeldPasses; ++pass) {
     if (pass >= passes) break;
@@ -429,9 +447,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }, [] {});
     fence_registers(acc);
-    for_each_pair([&](int, int, int pair) { latent_pairs[pass][pair] = mla::pack_bf16(acc[2 * pair], acc[2 * pair + 1]); });
+    pack_pairs(acc, latent_pairs[pass]);
     if (s.exchange) {
-      store_tile(acc, s.scratch, token0 + consumer * 64, token0 + kTokens, int64_t(s.latent_tiles) * kColumns,
+      store_tile(latent_pairs[pass], s.scratch, token0 + consumer * 64, token0 + kTokens, int64_t(s.latent_tiles) * kColumns,
                  (first_latent_tile + pass) * kColumns);
     }
   }
@@ -470,8 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // GEMM 2: the latent tile (A, from shared memory) times [w_up_k | w_up_v], tile by tile, in
   // ping-pong: the warpgroups take alternate output tiles, each computing all 128 rows, so one
   // stores a finished tile while the other keeps the tensor cores busy. (Splitting every tile by
-  // rows kept both warpgroups in step: the tensor cores idled while both stored. Leaving the
-  // stores out made V2-Lite at 4096 tokens 30 % faster: kernels/NOTES.md.)
+  // rows kept both warpgroups in step: the tensor cores idled while both stored.)
   //
   // The warpgroups take turns at the ring (turn barriers): a warpgroup waits on a slot's full
   // barrier only after the other has waited on every earlier slot. Without that, a warpgroup
@@ -553,7 +570,7 @@ int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
   return fit > 0 ? fit : 0;
 }
 
-size_t shared_bytes() { return 1024 + kStages * kStageBytes + kLatentBytes + (2 * kGemm1Depth + 2 * kStages + 4) * 8; }
+size_t shared_bytes() { return 1024 + kStages * kStageBytes + kLatentBytes + kBarriers * 8; }
 
 bool takes_fast_path(const MlaProblem* p) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p->hidden) | reinterpret_cast<uintptr_t>(p->w_down) |

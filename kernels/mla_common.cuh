@@ -95,8 +95,8 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 // One 16- or 8-byte store, kept whole. Written as a float4 / uint4 / float2 assignment, nvcc 13.0
 // split some such stores into 4-byte ones: all of step 4's, one in four of step 6's output stores
 // (four times the instructions, and in global memory up to four times the L2 sectors written),
-// the fp32 pairs of step 5's latent. Seen in their PTX; tests/test_kernel_sources.py now checks
-// every kernel's PTX for stores split that way.
+// the fp32 pairs step 5 writes to shared memory (its latent and output tiles). Seen in their
+// PTX; tests/test_kernel_sources.py now checks every kernel's PTX for stores split that way.
 enum class Space { kGlobal, kShared };
 template <Space kSpace>
 __device__ __forceinline__ void store_whole(void* dst, uint4 v) {

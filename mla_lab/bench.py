@@ -22,6 +22,12 @@ from . import check, layout
 from .problem import Inputs, Shape, make_inputs, oracle, reference
 
 MODES = ("graph", "stream")
+SAMPLE_US = 200.0  # one timed sample makes enough calls to last about this long (at most 64)
+# Timed one after the other in one process, the contender timed first ran up to 9 % faster than
+# the same kernel timed later (kernels/NOTES.md, stop 19). So samples are taken in rounds, each
+# visiting every contender, the order rotated from round to round: a drift of the GPU's clocks
+# during the run falls on all contenders alike.
+ROUNDS = 10
 
 
 @dataclass
@@ -49,15 +55,23 @@ def _events_us(run: Callable[[], None], repeats: int) -> float:
     return start.elapsed_time(end) * 1e3 / repeats
 
 
-def time_fn(
+@dataclass
+class Timer:
+    """One contender ready to sample: warmed up and, in graph mode, captured.
+
+    One sample runs `run` once, which makes `calls` calls; `samples` is how many to take in all.
+    """
+    run: Callable[[], None]
+    calls: int
+    samples: int
+
+
+def prepare(
     fn: Callable[[], object] | Sequence[Callable[[], object]],
     mode: str = "graph",
-    name: str = "",
-    flops: int = 0,
-    target_sample_us: float = 200.0,
     budget_s: float = 0.4,
-) -> Timing:
-    """Median microseconds per call of fn() (no arguments; it must run on the current stream).
+) -> Timer:
+    """Warm fn() up (no arguments; it must run on the current stream) and capture it for timing.
 
     Given several callables (the same call on different input sets), calls cycle through them,
     so that for sizes near the L2 cache each call finds its inputs evicted, as in a model.
@@ -73,7 +87,7 @@ def time_fn(
                 f()
     torch.cuda.current_stream().wait_stream(side)
     estimate = _events_us(lambda: [f() for f in fns], 2) / len(fns)
-    calls = max(1, min(64, math.ceil(target_sample_us / max(estimate, 1e-3))))
+    calls = max(1, min(64, math.ceil(SAMPLE_US / max(estimate, 1e-3))))
     calls = math.ceil(calls / len(fns)) * len(fns)
     order = [fns[i % len(fns)] for i in range(calls)]
     if mode == "graph":
@@ -88,12 +102,48 @@ def time_fn(
                 f()
 
     run()
-    samples = max(10, min(200, int(budget_s * 1e6 / max(estimate * calls, 1e-3))))
-    times = sorted(_events_us(run, 1) / calls for _ in range(samples))
-    decile = max(1, samples // 10)
-    return Timing(
-        name, mode, statistics.median(times), times[decile - 1], times[-decile], samples, flops
-    )
+    samples = max(ROUNDS, min(200, int(budget_s * 1e6 / max(estimate * calls, 1e-3))))
+    return Timer(run, calls, samples)
+
+
+def sample(timers: dict[str, Timer], mode: str, flops: int = 0) -> list[Timing]:
+    """Median microseconds per call of each prepared contender, sampled in interleaved rounds."""
+    names = list(timers)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(ROUNDS if names else 0):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            timer = timers[name]
+            share = timer.samples * (r + 1) // ROUNDS - timer.samples * r // ROUNDS
+            times[name] += [_events_us(timer.run, 1) / timer.calls for _ in range(share)]
+    timings = []
+    for name in names:
+        ordered = sorted(times[name])
+        decile = max(1, len(ordered) // 10)
+        timings.append(Timing(name, mode, statistics.median(ordered), ordered[decile - 1], ordered[-decile],
+                              len(ordered), flops))
+    return timings
+
+
+def time_many(
+    contenders: dict[str, Callable[[], object] | Sequence[Callable[[], object]]],
+    mode: str = "graph",
+    flops: int = 0,
+    budget_s: float = 0.4,
+) -> list[Timing]:
+    """Time several calls of the same work against each other (see `prepare` and `sample`)."""
+    timers = {name: prepare(fn, mode, budget_s=budget_s) for name, fn in contenders.items()}
+    return sample(timers, mode, flops)
+
+
+def time_fn(
+    fn: Callable[[], object] | Sequence[Callable[[], object]],
+    mode: str = "graph",
+    name: str = "",
+    flops: int = 0,
+    budget_s: float = 0.4,
+) -> Timing:
+    """Median microseconds per call of fn() alone (see `prepare`)."""
+    return time_many({name: fn}, mode, flops, budget_s)[0]
 
 
 def peers(inputs: Inputs, heads: int) -> dict[str, Callable[[], object]]:
@@ -117,7 +167,8 @@ def compare(
     with_peers: bool = True,
     seed: int = 0,
 ) -> list[Timing]:
-    """Time each kernel (called like the reference) and the peers on one set of inputs.
+    """Time each kernel (called like the reference) and the peers on one set of inputs, against
+    each other in interleaved rounds (`sample`).
 
     Each kernel's output on these inputs is checked against float64 first: a wrong kernel raises
     instead of producing a number.
@@ -138,7 +189,7 @@ def compare(
             calls[name] = lambda kernel=kernel: kernel(*inputs, shape.heads)
     if with_peers:
         calls.update(peers(inputs, shape.heads))
-    return [time_fn(fn, mode, name, shape.flops()) for name, fn in calls.items()]
+    return time_many(calls, mode, shape.flops())
 
 
 def table(timings: list[Timing], baseline: str = "eager") -> str:

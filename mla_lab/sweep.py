@@ -192,6 +192,10 @@ def _tolerance(name: str, kernel: object, dtype: torch.dtype) -> float:
     return check.tolerance(kernel, dtype)
 
 
+def _error_note(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+
+
 def _floor_us(shape: Shape, dtype: torch.dtype, ceilings: dict[str, float], tf32: bool) -> float:
     peak = "bf16 matmul TFLOP/s" if dtype == torch.bfloat16 else (
         "tf32 matmul TFLOP/s" if tf32 else "fp32 matmul TFLOP/s"
@@ -268,12 +272,13 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         if name in peer_sets[0]:  # "cuBLAS concat TF32" exists for fp32 only
             contenders[name] = (None, [calls[name] for calls in peer_sets])
 
+    floors: dict[str, tuple[float, float | None]] = {}  # name -> (floor_us, rel_error)
     for name, (kernel, calls) in contenders.items():
         try:
             got = calls[0]()
             torch.cuda.synchronize()
         except Exception as error:  # a peer or step that cannot run here is recorded, not fatal
-            record(name, "failed", f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            record(name, "failed", _error_note(error))
             continue
         verdict = check.compare(got, expected, dtype, shape, _tolerance(name, kernel, dtype))
         del got
@@ -281,21 +286,25 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
             record(name, "wrong", verdict.problem, rel_error=verdict.rel_error)
             continue
         tf32 = name == "cuBLAS concat TF32" or getattr(kernel, "fp32_math", "") == "tf32"
-        floor = _floor_us(shape, dtype, ceilings, tf32)
-        for mode in modes:
+        floors[name] = (_floor_us(shape, dtype, ceilings, tf32), verdict.rel_error)
+    for mode in modes:  # the correct contenders, timed against each other in interleaved rounds
+        timers = {}
+        for name in floors:
             try:
-                t = bench.time_fn(calls, mode, name, shape.flops(), budget_s=budget_s)
+                timers[name] = bench.prepare(contenders[name][1], mode, budget_s=budget_s)
             except Exception as error:
-                results.append(Result(name, shape_name, shape.tokens, dtype_name, mode, "failed",
-                                      f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"))
-                continue
+                results.append(Result(name, shape_name, shape.tokens, dtype_name, mode, "failed", _error_note(error)))
+        for t in bench.sample(timers, mode, shape.flops()):
+            floor, rel_error = floors[t.name]
             results.append(Result(
-                name, shape_name, shape.tokens, dtype_name, mode, "ok",
+                t.name, shape_name, shape.tokens, dtype_name, mode, "ok",
                 median_us=t.median_us, p10_us=t.low_us, p90_us=t.high_us, samples=t.samples,
-                rel_error=verdict.rel_error, tflops=t.tflops,
+                rel_error=rel_error, tflops=t.tflops,
                 gbps=shape.min_bytes(dtype) / (t.median_us * 1e-6) / 1e9,
                 floor_us=floor, of_floor=floor / t.median_us,
             ))
+        del timers
+        torch.cuda.empty_cache()
     # Checked again after timing: a kernel whose output changed while it was timed is wrong.
     for name, (kernel, calls) in contenders.items():
         if kernel is None or not any(r.name == name and r.status == "ok" for r in results):

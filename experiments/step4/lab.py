@@ -4,7 +4,7 @@ measured its pipelined version against the one before and tried its parameters.
 Each variant is kernels/04_vectorized.cu with edits (`lab_source(name)` fails loudly when the
 kernel no longer has the text an edit replaces). Those in CORRECT are checked first against
 float64 with NaN-poisoned outputs; all are timed in one process on the same inputs, graph
-replay, median µs (`bench.time_fn`):
+replay, median µs, in interleaved rounds (`bench.time_many`):
 
     python experiments/step4/lab.py [VARIANT...]     # all of them by default
 

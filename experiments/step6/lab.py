@@ -5,10 +5,10 @@ or try one idea; `lab_source()` writes that copy (it fails loudly if the kernel 
 text a switch edits). Each variant is checked against the float64 oracle (fresh inputs,
 NaN-poisoned output) in its own process, so a hang costs one variant, then all are timed in one
 process on the same inputs (each output checked on them first, but the GARBAGE variants'), graph
-replay, beside cuBLAS and eager, in rounds whose order rotates (TIME_ROUNDS):
+replay, beside cuBLAS and eager, in interleaved rounds (`bench.time_many`):
 
     python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
-    python experiments/step6/lab.py time VARIANT...        # µs: median of the rounds (lowest-highest round)
+    python experiments/step6/lab.py time VARIANT...        # median µs (10th-90th percentile)
     python experiments/step6/lab.py timeline [VARIANT]     # per-block phases at the real sizes
     python experiments/step6/lab.py VARIANT B S D R H HD   # one check, for compute-sanitizer
 
@@ -16,7 +16,6 @@ replay, beside cuBLAS and eager, in rounds whose order rotates (TIME_ROUNDS):
 "xchg_w2" is the committed kernel (the name it had in NOTES.md's stop-12 table).
 """
 import ctypes
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from mla_lab import bench, build, check, steps  # noqa: E402
 from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, oracle  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
-PREVIOUS_COMMIT = "f8e2420"
+PREVIOUS_COMMIT = "fa31c3c"
 # switch -> (text in kernels/06_hopper.cu, what replaces it under #ifdef switch)
 SWITCHES = {
     "LAB_GEMM1_IN_FLIGHT": ("run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&]",
@@ -126,11 +125,10 @@ def output_store_as(instruction: str) -> str:
             "                     \"r\"(v[0]), \"r\"(v[1]), \"r\"(v[2]), \"r\"(v[3]) : \"memory\");\n")
 
 
-# Timing only (the output is garbage): GEMM 2's tiles are computed but not stored.
-SWITCHES["LAB_NO_STORE"] = (GEMM2_STORES, "")
-# Timing only, what the stores cost once their data is ready: GEMM 2's tiles packed and
-# shuffled as for storing, but every store predicated off (a token count of 0 from PTX, so nvcc
-# cannot drop the work before it).
+# Timing only (the output is garbage), what the output stores cost: GEMM 2's tiles computed,
+# packed and shuffled as for storing, but every store predicated off by a token count of 0 from
+# PTX. Leaving the stores out instead (stop 19's `no_store`) let ptxas drop the wgmmas whose
+# results went unused, 15 of 24 (tests/test_kernel_sources.py now counts them in every variant).
 SWITCHES["LAB_NO_STG"] = (GEMM2_STORES, RUNTIME_ZERO +
                           "    store_tile(upper, out, token0, lab_zero, columns, column0);\n"
                           "    store_tile(lower, out, token0 + 64, lab_zero, columns, column0);\n")
@@ -142,12 +140,10 @@ SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1Depth = kStages + kLatentByt
                                "constexpr int kGemm1Depth = kStages + 2;")
 SWITCHES["LAB_STAGES2"] = ("constexpr int kStages = 3;", "constexpr int kStages = 2;")
 # Timing only, where the output stores cost (stop 19): every tile stored over its token tile's
-# first (the same 32 KB again and again: L2 hits, no DRAM traffic), or only its upper 64 rows. The
-# zero comes from PTX so that nvcc cannot hoist the tiles' addresses out of the loop (a constant
+# first (the same 32 KB again and again: L2 hits, no DRAM traffic). The zero comes from PTX so that nvcc cannot hoist the tiles' addresses out of the loop (a constant
 # 0 or first_tile made it spill).
 SWITCHES["LAB_STORE_SAME"] = ("    const int64_t column0 = int64_t(tile) * kColumns;\n",
                               RUNTIME_ZERO + "    const int64_t column0 = int64_t(tile) * kColumns * lab_zero;\n")
-SWITCHES["LAB_STORE_HALF"] = ("    store_tile(lower, out, token0 + 64, s.tokens, columns, column0);\n", "")
 # L2 eviction hints: output stores marked evict-first (st.global.cs), so the 33 MB to 1 GB of
 # output pushes fewer weight lines out of L2; GEMM 2's weight tiles loaded evict-last, since every
 # token tile reads them again.
@@ -160,7 +156,7 @@ SWITCHES["LAB_OLD_STORES"] = (
     "            make_uint4(v[0], v[1], v[2], v[3]);\n")
 SWITCHES["LAB_OLD_SCRATCH"] = (
     "    if (s.exchange) {\n"
-    "      store_tile(acc, s.scratch, token0 + consumer * 64, token0 + kTokens, int64_t(s.latent_tiles) * kColumns,\n"
+    "      store_tile(latent_pairs[pass], s.scratch, token0 + consumer * 64, token0 + kTokens, int64_t(s.latent_tiles) * kColumns,\n"
     "                 (first_latent_tile + pass) * kColumns);\n"
     "    }\n",
     "    if (s.exchange) {\n"
@@ -251,9 +247,7 @@ VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's tabl
     "stages2": ("LAB_STAGES2",),
     "ring3": ("LAB_GEMM1_RING3",),
     "ring5": ("LAB_GEMM1_RING5",),
-    "no_store": ("LAB_NO_STORE",),
     "store_same": ("LAB_STORE_SAME",),
-    "store_half": ("LAB_STORE_HALF",),
     "store_cs": ("LAB_STORE_CS",),
     "up_keep": ("LAB_UP_KEEP",),
     "hints": ("LAB_STORE_CS", "LAB_UP_KEEP"),
@@ -263,7 +257,7 @@ VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's tabl
     "store_na": ("LAB_STORE_NA",),
     "tma_store": tuple(TMA_STORE_SWITCHES),
 }
-GARBAGE = {"no_store", "store_same", "store_half", "no_stg"}  # timed, never checked
+GARBAGE = {"store_same", "no_stg"}  # timed, never checked
 EXTRA_SHAPES = (
     Shape(1, 513, 200, 512, 5, 64),
     Shape(1, 1000, 2048, 512, 1, 64),
@@ -294,7 +288,7 @@ def previous_source() -> Path:
 
 
 def switches_of(name: str) -> tuple[str, ...]:
-    """A variant's switches; "a+b" is variants a and b together (e.g. timeline+no_store)."""
+    """A variant's switches; "a+b" is variants a and b together (e.g. timeline+no_stg)."""
     return tuple(dict.fromkeys(switch for part in name.split("+") for switch in VARIANTS[part]))
 
 
@@ -318,13 +312,6 @@ def check_variant(name: str) -> bool:
     return all(v.ok for v in verdicts)
 
 
-# Timed one after the other, the variant timed first ran up to 9 % faster at 8192 tokens than the
-# same kernel timed later in the process (stop 19). So each variant and peer is timed in short
-# turns (bench.time_fn, 0.1 s each), round after round, the order rotated every round; a drift
-# of the clocks falls on all of them alike and shows as the spread of their rounds.
-TIME_ROUNDS = 6
-
-
 def time_variants(names: list[str]) -> None:
     built = {name: kernel(name) for name in names}
     for label, shape in TIMED_SHAPES.items():
@@ -340,13 +327,8 @@ def time_variants(names: list[str]) -> None:
                     raise AssertionError(f"{name} is wrong on {shape.label()}: {verdict.problem}")
             calls[name] = lambda k=k, out=out: k(*inputs, shape.heads, out=out)
         calls.update(bench.peers(inputs, shape.heads))
-        rounds: dict[str, list[float]] = {name: [] for name in calls}
-        for r in range(TIME_ROUNDS):
-            order = list(calls)[r % len(calls):] + list(calls)[:r % len(calls)]
-            for name in order:
-                rounds[name].append(bench.time_fn(calls[name], "graph", name, budget_s=0.1).median_us)
-        print(label.ljust(11) + "  ".join(f"{name} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
-                                          for name, v in rounds.items()), flush=True)
+        print(label.ljust(11) + "  ".join(f"{t.name} {t.median_us:.1f} ({t.low_us:.1f}-{t.high_us:.1f})"
+                                          for t in bench.time_many(calls, "graph")), flush=True)
 
 
 def timeline(variant: str = "") -> None:

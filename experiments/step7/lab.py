@@ -4,7 +4,7 @@ its alternatives.
 Each variant is kernels/07_latency.cu with edits (`lab_source(name)` fails loudly when the kernel
 no longer has the text an edit replaces). Those in CORRECT compute the projection and are checked
 first; the others compute garbage and are for timing only. All are timed in one process on the
-same inputs, graph replay, median µs (`bench.time_fn`):
+same inputs, graph replay, median µs, in interleaved rounds (`bench.time_many`):
 
     python experiments/step7/lab.py [VARIANT...]     # all of them by default
 

@@ -1,0 +1,50 @@
+"""The timing protocol without a GPU: contenders sampled in rounds of rotating order."""
+
+from mla_lab import bench
+
+
+def test_interleaved_rounds_spread_a_clock_drift_over_every_contender(monkeypatch):
+    """On a GPU whose clock drifts during the run (each sample 0.1 % slower than the one before,
+    20 % over the run), two contenders of the same cost come out with the same median: timed one
+    after the other, the second would read about 10 % slower; in rounds without rotation, 1 %."""
+    samples_so_far = []
+
+    def drifting_events_us(run, repeats):
+        run()
+        samples_so_far.append(run)
+        return 100.0 * (1 + 0.001 * len(samples_so_far))
+
+    monkeypatch.setattr(bench, "_events_us", drifting_events_us)
+    timers = {name: bench.Timer(run=lambda: None, calls=1, samples=100) for name in ("first", "second")}
+    timings = {t.name: t for t in bench.sample(timers, "graph")}
+    assert {t.samples for t in timings.values()} == {100}
+    assert len(samples_so_far) == 200
+    assert abs(timings["first"].median_us / timings["second"].median_us - 1) < 0.003
+
+
+def test_every_contender_takes_a_share_of_its_samples_in_every_round(monkeypatch):
+    order = []
+
+    def recording_events_us(run, repeats):
+        run()
+        return 1.0
+
+    monkeypatch.setattr(bench, "_events_us", recording_events_us)
+    timers = {name: bench.Timer(run=lambda name=name: order.append(name), calls=2, samples=samples)
+              for name, samples in (("a", 10), ("b", 25), ("c", 13))}
+    timings = bench.sample(timers, "stream", flops=2_000_000)
+    assert [t.samples for t in timings] == [10, 25, 13]
+    assert [t.median_us for t in timings] == [0.5, 0.5, 0.5]  # per call: each sample makes 2
+    rounds, current = [], []
+    for name in order:  # a round ends where a name comes back that it already visited
+        if current and name != current[-1] and name in current:
+            rounds.append(current)
+            current = []
+        current.append(name)
+    rounds.append(current)
+    firsts = [r[0] for r in rounds]
+    assert len(rounds) == bench.ROUNDS and set(firsts) == {"a", "b", "c"}
+
+
+def test_nothing_to_sample_gives_no_timings():
+    assert bench.sample({}, "graph") == []
