@@ -265,7 +265,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
             record(step.label, "skipped", f"runs step {step.fallback}'s kernel here; its own takes {step.fast_path}")
             continue
         contenders[step.label] = (kernel, [
-            (lambda i=i, o=o: kernel(*i, shape.heads, out=o)) for i, o in zip(sets, outs)
+            (lambda i=i, o=o, kernel=kernel: kernel(*i, shape.heads, out=o)) for i, o in zip(sets, outs)
         ])
     peer_sets = [_peer_calls(i, shape.heads, o, dtype, compiled) for i, o in zip(sets, outs)]
     for name in peers:

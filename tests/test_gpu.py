@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from mla_lab import check, steps
+from mla_lab import check, steps, sweep
 from mla_lab.grade import grade
 from mla_lab.problem import TOY, Inputs, Shape, make_inputs, oracle
 
@@ -196,3 +196,17 @@ def test_views_that_break_16_byte_alignment_are_correct(kernel):
     verdict = check.compare(kernel(*shifted, shape.heads), oracle(inputs, shape.heads), torch.float32, shape,
                             check.tolerance(kernel, torch.float32))
     assert verdict.ok, verdict
+
+
+def test_a_sweep_point_times_every_contender_it_checked():
+    """The sweep checks every contender, then times them against each other: each comes out "ok"
+    (once a late-bound lambda timed every step as the last peer checked, and all "failed")."""
+    chosen = list(steps.STEPS)
+    kernels = {s.label: steps.load(s.number) for s in chosen}
+    ceilings = {"bf16 matmul TFLOP/s": 700.0, "fp32 matmul TFLOP/s": 50.0, "tf32 matmul TFLOP/s": 350.0,
+                "copy TB/s": 4.0}
+    peers = ["eager", "cuBLAS concat"]
+    results = sweep._measure_point("toy", TOY, "bf16", torch.bfloat16, chosen, kernels, peers, ["graph"], None,
+                                   ceilings, 0.02, seed=1)
+    assert {r.name: r.status for r in results} == {name: "ok" for name in [*kernels, *peers]}
+    assert len({r.median_us for r in results}) > 1
