@@ -140,8 +140,9 @@ SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1Depth = kStages + kLatentByt
                                "constexpr int kGemm1Depth = kStages + 2;")
 SWITCHES["LAB_STAGES2"] = ("constexpr int kStages = 3;", "constexpr int kStages = 2;")
 # Timing only, where the output stores cost (stop 19): every tile stored over its token tile's
-# first (the same 32 KB again and again: L2 hits, no DRAM traffic). The zero comes from PTX so that nvcc cannot hoist the tiles' addresses out of the loop (a constant
-# 0 or first_tile made it spill).
+# first (the same 32 KB again and again: L2 hits, no DRAM traffic). The zero comes from PTX so
+# that nvcc cannot hoist the tiles' addresses out of the loop (a constant 0 or first_tile made it
+# spill).
 SWITCHES["LAB_STORE_SAME"] = ("    const int64_t column0 = int64_t(tile) * kColumns;\n",
                               RUNTIME_ZERO + "    const int64_t column0 = int64_t(tile) * kColumns * lab_zero;\n")
 # L2 eviction hints: output stores marked evict-first (st.global.cs), so the 33 MB to 1 GB of
