@@ -140,7 +140,8 @@ def step6_wgmma_instructions(tmp_path_factory):
     return wgmma_instructions(tmp_path / "step.o")
 
 
-@pytest.mark.parametrize("variant", [*sorted(STEP6_LAB.VARIANTS), "timeline+no_stg", "timeline+tma_store"])
+@pytest.mark.parametrize("variant", [*sorted(STEP6_LAB.VARIANTS), "timeline+no_stg", "timeline+tma_store",
+                                     "arrive_early+no_fence", "timeline+arrive_early+no_fence"])
 def test_step6_lab_variants_still_apply_and_compile(variant, tmp_path, step6_wgmma_instructions):
     """experiments/step6/lab.py edits kernels/06_hopper.cu: each A/B variant in NOTES.md stays buildable
     (and the timeline marks on the variants NOTES.md follows phase by phase). Every variant keeps

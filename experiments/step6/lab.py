@@ -98,8 +98,8 @@ TIMELINE_SWITCHES = {
         "  if (s.exchange) barrier_wait(latent_loaded, 0);\n"
         "  if (threadIdx.x == 128) LAB_MARK(4, clock64());\n"),
     "LAB_TIMELINE_FIRST_BARRIER": (
-        "  cluster_arrive();\n  cluster_wait();\n#pragma unroll\n",
-        "  cluster_arrive();\n  cluster_wait();\n  if (threadIdx.x == 128) LAB_MARK(10, clock64());\n#pragma unroll\n"),
+        "  cluster_wait();\n#pragma unroll\n",
+        "  cluster_wait();\n  if (threadIdx.x == 128) LAB_MARK(10, clock64());\n#pragma unroll\n"),
     "LAB_TIMELINE_WRITTEN": (
         "  barrier_wait(latent_from_cluster, 0);\n",
         "  if (threadIdx.x == 128) LAB_MARK(11, clock64());\n  barrier_wait(latent_from_cluster, 0);\n"),
@@ -166,6 +166,17 @@ SWITCHES["LAB_OLD_SCRATCH"] = (
     "                                     (first_latent_tile + pass) * kColumns + column) = latent_pairs[pass][pair];\n"
     "      });\n"
     "    }\n")
+# The exchange's first 1.8 µs (stop 21's timeline: from GEMM 1's end to the cluster barrier met)
+# hold a __threadfence() (the scratch writes reaching the GPU), the writer count and the cluster
+# barrier, one after the other. `arrive_early`: a block arrives at the cluster barrier as soon as
+# its GEMM 1 is done (all the barrier guards is the latent tile's reuse), so the barrier's
+# latency overlaps the fence. `no_fence`: no __threadfence(); the count's red.release.gpu after
+# bar.sync, which orders the block's scratch writes before it, is the pattern CUTLASS's
+# semaphores use. Timing experiments: the check shows they compute right, not that the
+# memory-model argument holds on every GPU.
+SWITCHES["LAB_EARLY_ARRIVE"] = ("    __threadfence();\n", "    cluster_arrive();\n    __threadfence();\n")
+SWITCHES["LAB_EARLY_ARRIVE_ONLY"] = ("  }\n  cluster_arrive();\n", "  }\n  if (!s.exchange) cluster_arrive();\n")
+SWITCHES["LAB_NO_FENCE"] = ("namespace {\n", "namespace {\n#define __threadfence() do { } while (0)\n")
 SWITCHES["LAB_UP_KEEP"] = (
     "          tma_load(up_ring.slot(it) + half * kUpBoxBytes, is_k ? up_k_map : up_v_map,\n"
     "                   int(is_k ? column : column - s.width), depth * kUpDepth, up_ring.full_bar(it));\n",
@@ -257,6 +268,8 @@ VARIANTS = {  # name -> switches; the names are those of kernels/NOTES.md's tabl
     "no_stg": ("LAB_NO_STG",),
     "store_na": ("LAB_STORE_NA",),
     "tma_store": tuple(TMA_STORE_SWITCHES),
+    "arrive_early": ("LAB_EARLY_ARRIVE", "LAB_EARLY_ARRIVE_ONLY"),
+    "no_fence": ("LAB_NO_FENCE",),
 }
 GARBAGE = {"store_same", "no_stg"}  # timed, never checked
 EXTRA_SHAPES = (
