@@ -23,32 +23,31 @@ ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=s
 ARCHS_OF = {step.filename: list(step.arch_flags) for step in STEPS if step.arch_flags}
 
 
+def toolkit_program(name: str, purpose: str, *elsewhere: str) -> str:
+    """`name` from the CUDA toolkit (PATH, then $CUDA_HOME/bin) or one of `elsewhere`. Where there
+    is none, the test fails under CI=true (a check that never runs is none) and is skipped elsewhere."""
+    cuda_home = os.environ.get("CUDA_HOME")
+    candidates = [shutil.which(name), cuda_home and os.path.join(cuda_home, "bin", name), *elsewhere]
+    for path in candidates:
+        if path and os.path.exists(path):
+            return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not on PATH in CI, so CI cannot {purpose}: every check here must run in CI")
+    pytest.skip(f"{name} not found: install the CUDA toolkit to {purpose}")
+
+
 def nvcc() -> str:
-    path = shutil.which("nvcc") or (
-        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None
-    )
-    if path is None or not os.path.exists(path):
-        if os.environ.get("CI"):
-            pytest.fail("nvcc is not on PATH in CI: every .cu must be compiled here")
-        pytest.skip("nvcc not found: install the CUDA toolkit to compile the kernels")
-    return path
+    return toolkit_program("nvcc", "compile the kernels")
 
 
 def cuobjdump() -> str:
-    """cuobjdump from the CUDA toolkit, or the copy torch's triton dependency ships."""
-    path = shutil.which("cuobjdump")
-    if path is None:
-        try:
-            import triton
-            bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-            path = bundled if os.path.exists(bundled) else None
-        except ImportError:
-            path = None
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("no cuobjdump in CI (neither on PATH nor in triton): the SASS checks must run here")
-        pytest.skip("cuobjdump not found: install the CUDA toolkit to read the kernels' SASS")
-    return path
+    """Also the copy that torch's triton dependency ships (the pip install has no toolkit's)."""
+    try:
+        import triton
+        bundled = [os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")]
+    except ImportError:
+        bundled = []
+    return toolkit_program("cuobjdump", "read the kernels' SASS", *bundled)
 
 
 def wgmma_instructions(obj) -> int:
