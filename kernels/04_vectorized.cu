@@ -3,30 +3,35 @@
 // Step 3 loads a slice, waits for it, multiplies it, and only then loads the next: every slice
 // pays a full trip to L2 with nothing else in flight, and its loads are scalar. What changed,
 // each for a bottleneck notebook 05 measured on step 3:
-// - Slices 8 deep arrive by 16-byte cp.async (4 floats or 8 bf16) into a ring of 2 to 4 of them,
-//   as many as shared memory holds beside the latent tile: while the block multiplies one slice,
-//   the next ones are on their way, and one barrier per slice suffices. A run that is
-//   misaligned (a view with a storage offset), crosses the k|v boundary or hangs over a tail is
-//   copied element by element instead (zeros past the edges), so every valid shape stays correct.
+// - Slices 16 deep arrive by 16-byte cp.async (4 floats or 8 bf16) into a ring of 2 to 4 of
+//   them, as many as shared memory holds beside the latent tile: while the block multiplies one
+//   slice, the next ones are on their way, and one barrier per slice suffices (16 deep rather than
+//   8 halves the barriers and the per-slice work). A GPU with less shared memory gets slices 8 or
+//   4 deep. A run that is misaligned (a view with a storage offset), crosses the k|v boundary or
+//   hangs over a tail is copied element by element instead (zeros past the edges), so every valid
+//   shape stays correct.
 // - A thread's runs are planned once per tile (where each starts, where it lands, whether it can
 //   go by cp.async), so a slice costs one instruction or two per copy. A first version worked
 //   each copy out afresh: ncu counted about 117 instructions per copy, and multiply-adds were
 //   48 % of all instructions (V2-Lite, 4096 tokens, fp32: 1.8 ms; planned: 67 % and 1.0 ms).
-// - Each thread computes 8 tokens x 4 adjacent columns (step 3: 4 x 4). Its 4 columns arrive in
-//   one shared-memory read and its 8 A values are broadcasts (all lanes of a warp share the
-//   tokens, and the A tile is token-major, so its stores no longer collide on one bank as step
-//   3's transposed ones did): 32 multiply-adds per 3 reads, not 16 per 8, and 32 independent
-//   sums between them. Tiles are 32 tokens x 256 columns; a warp whose 128 columns lie past the
-//   matrix skips the arithmetic.
-// - The output is written 4 columns per thread, a warp covering one contiguous 512-byte (fp32)
-//   run of a stacked output row.
+// - Each thread computes 8 tokens x 4 adjacent columns (step 3: 4 x 4), and a warp 32 tokens x 32
+//   columns: its lanes are 4 token groups x 8 column groups, so one 16-byte read of a slice gives
+//   a lane its 4 columns, or one token's 4 depths, and the warp's reads land in different banks. A
+//   depth of the slice costs 32 multiply-adds for 3 reads, each one shared-memory wavefront; step
+//   3 paid 16 multiply-adds for 8 reads. (Until stop 22 all lanes of a warp shared their tokens:
+//   the same 3 reads took 6 wavefronts, which would keep shared memory 75 % busy at the FP32
+//   pipes' peak.) 16 warps, 4 per scheduler, hide one another's waits. Tiles are 32 tokens x 512
+//   columns; a warp whose 32 columns lie past the matrix skips the arithmetic.
+// - The output is written 4 columns at a time, 8 lanes of a warp covering one contiguous 128-byte
+//   (fp32) run of a stacked output row.
 // - Step 3 launched tokens / 32 blocks: 12 for the toy on a 132-SM GPU. The output columns of a
 //   token tile are split over several blocks when that is faster, each recomputing the tile's
-//   latent (mla::choose_column_splits counts that cost). The toy has one tile of 256 columns,
+//   latent (mla::choose_column_splits counts that cost). The toy has one tile of 512 columns,
 //   so 12 blocks still, and there this step is slower than its version with 128-column tiles
 //   and one slice at a time was (kernels/NOTES.md has the numbers).
 //
-// Launch limit: as step 3, rank <= 640 (the fp32 latent tile and two slices in shared memory).
+// Launch limit: as step 3, rank <= 640 (the fp32 latent tile and two slices in shared memory; in
+// fp32 on an Ada GPU's 99 KB per block, two 4-deep ones at rank 640).
 #include <stdint.h>
 
 #include "mla_common.cuh"
@@ -34,26 +39,41 @@
 namespace {
 
 constexpr int kTokens = 32;
-constexpr int kColumns = 256;
-constexpr int kThreads = 256;  // warps: 4 groups of 8 tokens x 2 halves of 128 columns
-constexpr int kRows = 8;       // a thread's results: kRows tokens x 4 adjacent columns
-constexpr int kHalf = kColumns / 2;
-constexpr int kDepth = 8;  // k of one staged slice
+constexpr int kColumns = 512;
+constexpr int kThreads = 512;        // 16 warps, each all kTokens x kWarpColumns
+constexpr int kWarpColumns = kColumns / (kThreads / 32);
+constexpr int kTokenGroups = 4;      // a warp's lanes: kTokenGroups x kColumnGroups
+constexpr int kColumnGroups = 8;
+constexpr int kRows = kTokens / kTokenGroups;  // a thread's results: kRows tokens x kChunks x 4 columns
+constexpr int kChunks = kWarpColumns / (4 * kColumnGroups);
+constexpr int kDepth = 16;  // k of one staged slice, halved while two do not fit (down to one run)
 constexpr int kMinStages = 2, kMaxStages = 4;
-constexpr int kStageElements = kDepth * (kTokens + kColumns);  // A: kTokens x kDepth, then B
 template <typename T>
 constexpr int kVector = 16 / sizeof(T);  // elements in one 16-byte copy
+// A row of a staged slice of the hidden tile: its depth, plus one 16-byte run where the 4 rows a
+// warp reads at once would otherwise lie a multiple of 64 bytes apart, on the same banks.
+template <typename T, int kSliceDepth>
+constexpr int kARow = kSliceDepth * sizeof(T) % 64 == 0 ? kSliceDepth + kVector<T> : kSliceDepth;
+template <typename T, int kSliceDepth>
+constexpr int kStageElements = kTokens * kARow<T, kSliceDepth> + kSliceDepth * kColumns;  // A, then B
 
-using Tile = float[kRows][4];
+using Tile = float[kRows][kChunks][4];
 
-// This thread's results in a tile: rows row0 .. row0 + kRows - 1, columns column .. column + 3;
-// its warp's 128 columns start at warp_column.
+// This thread's results in a tile: rows row0, row0 + kTokenGroups, ...; columns column + 32 j ..
+// column + 32 j + 3 for chunk j; its warp's kWarpColumns start at warp_column. Its rows
+// interleave with those of the warp's other token groups, so that the 4 rows a warp reads at
+// once lie next to each other in shared memory, in 4 different banks.
 struct ThreadTile {
   int row0, column, warp_column;
 };
 __device__ __forceinline__ ThreadTile thread_tile() {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  return {warp / 2 * kRows, warp % 2 * kHalf + lane * 4, warp % 2 * kHalf};
+  const int warp_column = warp * kWarpColumns;
+  return {lane / kColumnGroups, warp_column + lane % kColumnGroups * 4, warp_column};
+}
+__device__ __forceinline__ int row_of(const ThreadTile& mine, int i) { return mine.row0 + i * kTokenGroups; }
+__device__ __forceinline__ int column_of(const ThreadTile& mine, int chunk) {
+  return mine.column + chunk * 4 * kColumnGroups;
 }
 
 // Four adjacent elements of shared memory as floats: one 16-byte (fp32) or 8-byte (bf16) read.
@@ -82,41 +102,45 @@ __device__ __forceinline__ float component(const float4& v, int q) {
 
 template <typename T>
 struct Problem : mla::Problem<T> {
-  int latent_stride;  // rank rounded up to whole slices
-  int stages;         // ring buffers: stages - 1 slices in flight
+  int latent_columns;  // rank rounded up to whole slices; those past the rank hold zeros
+  int latent_stride;   // a latent row's floats: 4 past a multiple of 32, so that a warp's reads
+                       // of 4 consecutive rows fall in different banks
+  int stages;          // ring buffers: stages - 1 slices in flight
 };
 
 // acc += A @ B over `depth` for this block's tile at output column n0. A is the hidden tile
 // (GEMM 1) or the latent tile in shared memory (GEMM 2, kFromLatent).
-template <typename T, bool kFromLatent>
+template <typename T, int kSliceDepth, bool kFromLatent>
 __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, int64_t n0,
                                 const float* latent, T* ring) {
   // A thread's 16-byte runs, planned once per tile so that a slice costs one cp.async per run.
   // A run is `direct` when it is whole, aligned and inside the matrix (the depth aside, which
   // only the last slice can reach); one that is not is copied element by element. A run keeps
-  // its alignment from slice to slice: the next one is kDepth columns (A) or rows (B) on, a
+  // its alignment from slice to slice: the next one is kSliceDepth columns (A) or rows (B) on, a
   // multiple of 16 bytes. B's runs of a thread share a column and lie kRowsApart rows apart.
-  constexpr int kRunsA = kTokens * kDepth / kVector<T>, kRunsPerRow = kColumns / kVector<T>;
-  constexpr int kRowsApart = kThreads / kRunsPerRow, kRunsB = kDepth / kRowsApart;
-  static_assert(kThreads % kRunsPerRow == 0 && kDepth % kRowsApart == 0, "B's runs tile the slice");
+  constexpr int kRunsA = kTokens * kSliceDepth / kVector<T>, kRunsPerRow = kColumns / kVector<T>;
+  constexpr int kRowsApart = kThreads / kRunsPerRow, kRunsB = kSliceDepth / kRowsApart;
+  static_assert(kThreads % kRunsPerRow == 0 && kSliceDepth % kRowsApart == 0, "B's runs tile the slice");
+  static_assert(kSliceDepth % kVector<T> == 0 && kSliceDepth % 4 == 0, "A's runs and reads tile the slice");
+  constexpr int kAStride = kARow<T, kSliceDepth>, kBStart = kTokens * kAStride;  // in a stage's elements
   const mla::WeightColumns<T> weights = kFromLatent ? p.up : p.down;
   const int64_t depth = kFromLatent ? p.rank : p.d_model;
   const int64_t columns = kFromLatent ? p.columns : p.rank;
   const ThreadTile mine = thread_tile();
-  const int row0 = mine.row0, column = mine.column;
   const bool computes = n0 + mine.warp_column < columns;  // the same for the whole warp
   const uint32_t ring_address = mla::shared_address(ring);
 
   auto hidden_at = [&](int64_t k0, int r, int c) { return p.hidden + (token0 + r) * depth + k0 + c; };
-  const int a_row = threadIdx.x / (kDepth / kVector<T>), a_column = threadIdx.x % (kDepth / kVector<T>) * kVector<T>;
+  constexpr int kRunsPerTokenRow = kSliceDepth / kVector<T>;
+  const int a_row = threadIdx.x / kRunsPerTokenRow, a_column = threadIdx.x % kRunsPerTokenRow * kVector<T>;
   const T* a_from = hidden_at(0, a_row, a_column);
-  const uint32_t a_to = ring_address + uint32_t(sizeof(T) * (a_row * kDepth + a_column));
+  const uint32_t a_to = ring_address + uint32_t(sizeof(T) * (a_row * kAStride + a_column));
   const bool a_direct = !kFromLatent && threadIdx.x < kRunsA && token0 + a_row < p.tokens && mla::aligned16(a_from);
 
   const int b_row = threadIdx.x / kRunsPerRow, b_column = threadIdx.x % kRunsPerRow * kVector<T>;
   const int64_t first = n0 + b_column;
   const T* b_from = weights.at(b_row, first);
-  const uint32_t b_to = ring_address + uint32_t(sizeof(T) * (kTokens * kDepth + b_row * kColumns + b_column));
+  const uint32_t b_to = ring_address + uint32_t(sizeof(T) * (kBStart + b_row * kColumns + b_column));
   const bool b_inside = first + kVector<T> <= columns && (first >= weights.split || first + kVector<T> <= weights.split);
   unsigned b_direct = 0;  // bit j: run j
 #pragma unroll
@@ -125,17 +149,17 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
   }
 
   // Slice `slice` into ring buffer `buffer`.
-  const int slices = int(mla::ceil_div(depth, kDepth));
+  const int slices = int(mla::ceil_div(depth, kSliceDepth));
   auto stage_slice = [&](int slice, int buffer) {
-    const bool whole = int64_t(slice + 1) * kDepth <= depth;
-    const int64_t k0 = int64_t(slice) * kDepth;
-    const uint32_t offset = uint32_t(buffer * kStageElements * sizeof(T));
-    T* stage = ring + buffer * kStageElements;
+    const bool whole = int64_t(slice + 1) * kSliceDepth <= depth;
+    const int64_t k0 = int64_t(slice) * kSliceDepth;
+    const uint32_t offset = uint32_t(buffer * kStageElements<T, kSliceDepth> * sizeof(T));
+    T* stage = ring + buffer * kStageElements<T, kSliceDepth>;
     if (!kFromLatent && threadIdx.x < kRunsA) {
       if (whole && a_direct) {
         mla::copy_async_16(a_to + offset, a_from + k0);
       } else {
-        mla::copy_run_by_elements(stage + a_row * kDepth + a_column, [&](int q) -> const T* {
+        mla::copy_run_by_elements(stage + a_row * kAStride + a_column, [&](int q) -> const T* {
           return token0 + a_row < p.tokens && k0 + a_column + q < depth ? hidden_at(k0, a_row, a_column + q) : nullptr;
         });
       }
@@ -147,7 +171,7 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
                            b_from + (k0 + j * kRowsApart) * weights.ld);
       } else {
         const int row = b_row + j * kRowsApart;
-        mla::copy_run_by_elements(stage + kTokens * kDepth + row * kColumns + b_column, [&](int q) -> const T* {
+        mla::copy_run_by_elements(stage + kBStart + row * kColumns + b_column, [&](int q) -> const T* {
           return k0 + row < depth && first + q < columns ? weights.at(k0 + row, first + q) : nullptr;
         });
       }
@@ -170,31 +194,34 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
     if (s + p.stages - 1 < slices) stage_slice(s + p.stages - 1, fill);
     fill = fill + 1 == p.stages ? 0 : fill + 1;
     mla::commit_copies();
-    const T* a_stage = ring + drain * kStageElements;
+    const T* a_stage = ring + drain * kStageElements<T, kSliceDepth>;
     drain = drain + 1 == p.stages ? 0 : drain + 1;
     if (!computes) continue;
-    const T* b = a_stage + kTokens * kDepth + column;
+    const T* b = a_stage + kBStart + mine.column;
 #pragma unroll
-    for (int kk = 0; kk < kDepth; kk += 4) {
-      float4 a[kRows];
+    for (int kk = 0; kk < kSliceDepth; kk += 4) {
+      float4 a[kRows];  // a[i]: depths kk .. kk + 3 of row i
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         if constexpr (kFromLatent) {
-          a[i] = read_four(latent + (row0 + i) * p.latent_stride + s * kDepth + kk);
+          a[i] = read_four(latent + row_of(mine, i) * p.latent_stride + s * kSliceDepth + kk);
         } else {
-          a[i] = read_four(a_stage + (row0 + i) * kDepth + kk);
+          a[i] = read_four(a_stage + row_of(mine, i) * kAStride + kk);
         }
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float4 bq = read_four(b + (kk + q) * kColumns);
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          const float a_iq = component(a[i], q);
-          acc[i][0] += a_iq * bq.x;
-          acc[i][1] += a_iq * bq.y;
-          acc[i][2] += a_iq * bq.z;
-          acc[i][3] += a_iq * bq.w;
+        for (int j = 0; j < kChunks; ++j) {
+          const float4 bq = read_four(b + (kk + q) * kColumns + j * 4 * kColumnGroups);
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) {
+            const float a_iq = component(a[i], q);
+            acc[i][j][0] += a_iq * bq.x;
+            acc[i][j][1] += a_iq * bq.y;
+            acc[i][j][2] += a_iq * bq.z;
+            acc[i][j][3] += a_iq * bq.w;
+          }
         }
       }
     }
@@ -202,68 +229,95 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
   __syncthreads();  // every warp is done with the ring before the next tile refills it
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 2) vectorized_kernel(Problem<T> p) {
+// One block per SM: 16 warps of at most 128 registers fill the register file.
+template <typename T, int kSliceDepth>
+__global__ void __launch_bounds__(kThreads, 1) vectorized_kernel(Problem<T> p) {
   extern __shared__ float4 shared_vectors[];  // float4 so every row below is 16-byte aligned
   float* latent = reinterpret_cast<float*>(shared_vectors);
   T* ring = reinterpret_cast<T*>(latent + kTokens * p.latent_stride);
   const int64_t token0 = int64_t(blockIdx.x) * kTokens;
   const ThreadTile mine = thread_tile();
-  const int row0 = mine.row0, column = mine.column;
 
-  // GEMM 1 into the latent tile; its columns from rank to latent_stride come out 0.
-  for (int64_t n0 = 0; n0 < p.latent_stride; n0 += kColumns) {
+  // GEMM 1 into the latent tile; its columns from rank to latent_columns come out 0.
+  for (int64_t n0 = 0; n0 < p.latent_columns; n0 += kColumns) {
     Tile acc = {};
-    accumulate_tile<T, false>(acc, p, token0, n0, nullptr, ring);
-    if (n0 + column >= p.latent_stride) continue;
-    for (int i = 0; i < kRows; ++i) {
-      store_four<mla::Space::kShared>(latent + (row0 + i) * p.latent_stride + n0 + column, acc[i]);
+    accumulate_tile<T, kSliceDepth, false>(acc, p, token0, n0, nullptr, ring);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t first = n0 + column_of(mine, j);
+      if (first >= p.latent_columns) continue;  // latent_columns is a multiple of 4
+      for (int i = 0; i < kRows; ++i) {
+        store_four<mla::Space::kShared>(latent + row_of(mine, i) * p.latent_stride + first, acc[i][j]);
+      }
     }
   }
   __syncthreads();
 
   for (int64_t n0 = blockIdx.y * int64_t(kColumns); n0 < p.columns; n0 += gridDim.y * int64_t(kColumns)) {
     Tile acc = {};
-    accumulate_tile<T, true>(acc, p, token0, n0, latent, ring);
-    for (int i = 0; i < kRows; ++i) {
-      const int64_t token = token0 + row0 + i, first = n0 + column;
-      if (token >= p.tokens) break;
-      T* dst = p.out + token * p.columns + first;
-      if (first + 4 <= p.columns && reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(T)) == 0) {
-        store_four<mla::Space::kGlobal>(dst, acc[i]);
-      } else {
-        for (int j = 0; j < 4 && first + j < p.columns; ++j) dst[j] = mla::from_float<T>(acc[i][j]);
+    accumulate_tile<T, kSliceDepth, true>(acc, p, token0, n0, latent, ring);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t first = n0 + column_of(mine, j);
+      if (first >= p.columns) continue;
+      for (int i = 0; i < kRows; ++i) {
+        const int64_t token = token0 + row_of(mine, i);
+        if (token >= p.tokens) break;
+        T* dst = p.out + token * p.columns + first;
+        if (first + 4 <= p.columns && reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(T)) == 0) {
+          store_four<mla::Space::kGlobal>(dst, acc[i][j]);
+        } else {
+          for (int q = 0; q < 4 && first + q < p.columns; ++q) dst[q] = mla::from_float<T>(acc[i][j][q]);
+        }
       }
     }
   }
 }
 
-template <typename T>
-cudaError_t launch(const MlaProblem& raw, cudaStream_t stream) {
-  Problem<T> p{mla::Problem<T>::of(raw), int(mla::round_up(raw.rank, kDepth)), 0};
-
-  // As many slices in the ring as this GPU's shared memory holds beside the latent tile, up to
-  // kMaxStages: more made no difference on the H200, and with 4 two blocks fit on an SM.
+// The launch with slices kSliceDepth deep, or cudaErrorInvalidValue when not even two of them
+// fit beside the latent tile in this GPU's shared memory.
+template <typename T, int kSliceDepth>
+cudaError_t launch_with_depth(Problem<T> p, cudaStream_t stream) {
+  // As many slices in the ring as shared memory holds beside the latent tile, up to kMaxStages:
+  // more made no difference on the H200.
   int limit = 0;
   cudaError_t err = mla::shared_memory_limit(&limit);
   if (err != cudaSuccess) return err;
   const size_t latent_bytes = sizeof(float) * kTokens * size_t(p.latent_stride);
-  const size_t stage_bytes = sizeof(T) * kStageElements;
+  const size_t stage_bytes = sizeof(T) * kStageElements<T, kSliceDepth>;
   const int64_t room = int64_t(limit) - int64_t(latent_bytes);
   const int64_t fit = room < 0 ? 0 : room / int64_t(stage_bytes);
   p.stages = int(fit < kMaxStages ? fit : kMaxStages);
   if (p.stages < kMinStages) return cudaErrorInvalidValue;
   const size_t shared_bytes = latent_bytes + p.stages * stage_bytes;
-  err = mla::allow_shared_memory(vectorized_kernel<T>, shared_bytes);
+  err = mla::allow_shared_memory(vectorized_kernel<T, kSliceDepth>, shared_bytes);
   if (err != cudaSuccess) return err;
 
   const int64_t token_tiles = mla::ceil_div(p.tokens, kTokens);
-  // GEMM 1's work counts whole warps (128 columns); a warp past the rank skips its arithmetic.
+  // GEMM 1's work counts whole warps (kWarpColumns); a warp past the rank skips its arithmetic.
   const int splits = mla::choose_column_splits(token_tiles, mla::ceil_div(p.columns, kColumns),
-                                               double(p.d_model) * double(mla::round_up(p.rank, kHalf)),
+                                               double(p.d_model) * double(mla::round_up(p.rank, kWarpColumns)),
                                                double(p.rank) * kColumns);
-  vectorized_kernel<T><<<dim3(unsigned(token_tiles), unsigned(splits)), kThreads, shared_bytes, stream>>>(p);
+  vectorized_kernel<T, kSliceDepth>
+      <<<dim3(unsigned(token_tiles), unsigned(splits)), kThreads, shared_bytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The deepest slices from kSliceDepth down of which two fit, the shallowest one 16-byte run deep.
+template <typename T, int kSliceDepth>
+cudaError_t launch_deepest(const Problem<T>& p, cudaStream_t stream) {
+  const cudaError_t err = launch_with_depth<T, kSliceDepth>(p, stream);
+  if constexpr (kSliceDepth / 2 >= kVector<T>) {
+    if (err == cudaErrorInvalidValue) return launch_deepest<T, kSliceDepth / 2>(p, stream);
+  }
+  return err;
+}
+
+template <typename T>
+cudaError_t launch(const MlaProblem& raw, cudaStream_t stream) {
+  const int latent_columns = int(mla::round_up(raw.rank, kDepth));
+  const Problem<T> p{mla::Problem<T>::of(raw), latent_columns, int(mla::round_up(latent_columns, 32)) + 4, 0};
+  return launch_deepest<T, kDepth>(p, stream);
 }
 
 }  // namespace

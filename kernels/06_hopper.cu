@@ -216,8 +216,8 @@ __device__ __forceinline__ void pack_pairs(const Accumulator& acc, Pairs& pairs)
 // 256 bytes spread over the 4 threads of a quad, 4 bytes per (row, 8-column group); a 4 x 4
 // transpose inside the quad (two rounds of shuffles) gives each thread a whole group, so a warp's
 // store covers 64 contiguous bytes of 8 rows instead of 16 bytes of 8 rows (the measurement is in
-// kernels/NOTES.md). Writes GEMM 2's output tiles and GEMM 1's latent slices to the exchange's
-// scratch buffer.
+// kernels/NOTES.md). GEMM 2 stores its output tiles with it, and GEMM 1 its latent slices into
+// the exchange's scratch buffer.
 __device__ __forceinline__ void store_tile(const Pairs& pairs, __nv_bfloat16* __restrict__ out,
                                            int64_t first_token, int64_t tokens, int64_t columns,
                                            int64_t column0) {
@@ -449,7 +449,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(acc);
     pack_pairs(acc, latent_pairs[pass]);
     if (s.exchange) {
-      store_tile(latent_pairs[pass], s.scratch, token0 + consumer * 64, token0 + kTokens, int64_t(s.latent_tiles) * kColumns,
+      const int64_t scratch_columns = int64_t(s.latent_tiles) * kColumns;
+      store_tile(latent_pairs[pass], s.scratch, token0 + consumer * 64, token0 + kTokens, scratch_columns,
                  (first_latent_tile + pass) * kColumns);
     }
   }

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from mla_lab import check, steps, sweep
+from mla_lab import bench, check, steps, sweep
 from mla_lab.grade import grade
 from mla_lab.problem import TOY, Inputs, Shape, make_inputs, oracle
 
@@ -210,3 +210,19 @@ def test_a_sweep_point_times_every_contender_it_checked():
                                    ceilings, 0.02, seed=1)
     assert {r.name: r.status for r in results} == {name: "ok" for name in [*kernels, *peers]}
     assert len({r.median_us for r in results}) > 1
+
+
+def test_compare_refuses_to_time_a_wrong_kernel_unless_told_it_is_a_diagnostic():
+    """bench.compare checks each kernel's output (NaN-filled first) before timing it; the labs' copies
+    that leave work out on purpose are named in `unchecked` and timed all the same."""
+    right = steps.load(4)
+
+    def writes_zeros(*inputs_and_heads, out=None):
+        return out.zero_()
+
+    writes_zeros.writes_into_out = True
+    kernels = {"right": right, "zeros": writes_zeros}
+    with pytest.raises(AssertionError, match="zeros is wrong"):
+        bench.compare(kernels, TOY, torch.bfloat16, with_peers=False)
+    timings = bench.compare(kernels, TOY, torch.bfloat16, with_peers=False, unchecked={"zeros"})
+    assert [t.name for t in timings] == ["right", "zeros"] and all(t.median_us > 0 for t in timings)

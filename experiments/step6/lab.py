@@ -4,8 +4,8 @@ The variants are kernels/06_hopper.cu with compile-time switches that each undo 
 or try one idea; `lab_source()` writes that copy (it fails loudly if the kernel no longer has the
 text a switch edits). Each variant is checked against the float64 oracle (fresh inputs,
 NaN-poisoned output) in its own process, so a hang costs one variant, then all are timed in one
-process on the same inputs (each output checked on them first, but the GARBAGE variants'), graph
-replay, beside cuBLAS and eager, in interleaved rounds (`bench.time_many`):
+process on the same inputs by `bench.compare` (each output checked on them first, but the GARBAGE
+variants'), graph replay, beside cuBLAS and eager, in interleaved rounds:
 
     python experiments/step6/lab.py check VARIANT          # exit status 0 when correct
     python experiments/step6/lab.py time VARIANT...        # median µs (10th-90th percentile)
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
 from mla_lab import bench, build, check, steps  # noqa: E402
-from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, oracle  # noqa: E402
+from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 PREVIOUS_COMMIT = "fa31c3c"
@@ -157,7 +157,8 @@ SWITCHES["LAB_OLD_STORES"] = (
     "            make_uint4(v[0], v[1], v[2], v[3]);\n")
 SWITCHES["LAB_OLD_SCRATCH"] = (
     "    if (s.exchange) {\n"
-    "      store_tile(latent_pairs[pass], s.scratch, token0 + consumer * 64, token0 + kTokens, int64_t(s.latent_tiles) * kColumns,\n"
+    "      const int64_t scratch_columns = int64_t(s.latent_tiles) * kColumns;\n"
+    "      store_tile(latent_pairs[pass], s.scratch, token0 + consumer * 64, token0 + kTokens, scratch_columns,\n"
     "                 (first_latent_tile + pass) * kColumns);\n"
     "    }\n",
     "    if (s.exchange) {\n"
@@ -329,20 +330,9 @@ def check_variant(name: str) -> bool:
 def time_variants(names: list[str]) -> None:
     built = {name: kernel(name) for name in names}
     for label, shape in TIMED_SHAPES.items():
-        inputs = make_inputs(shape, torch.bfloat16, "cuda", 1)
-        expected = oracle(inputs, shape.heads)
-        calls = {}
-        for name, k in built.items():
-            out = torch.full(shape.out_shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-            if name not in GARBAGE:
-                verdict = check.compare(k(*inputs, shape.heads, out=out), expected, torch.bfloat16, shape,
-                                        check.tolerance(k, torch.bfloat16))
-                if not verdict.ok:
-                    raise AssertionError(f"{name} is wrong on {shape.label()}: {verdict.problem}")
-            calls[name] = lambda k=k, out=out: k(*inputs, shape.heads, out=out)
-        calls.update(bench.peers(inputs, shape.heads))
+        timings = bench.compare(built, shape, torch.bfloat16, seed=1, unchecked=GARBAGE)
         print(label.ljust(11) + "  ".join(f"{t.name} {t.median_us:.1f} ({t.low_us:.1f}-{t.high_us:.1f})"
-                                          for t in bench.time_many(calls, "graph")), flush=True)
+                                          for t in timings), flush=True)
 
 
 def timeline(variant: str = "") -> None:
