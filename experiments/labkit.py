@@ -35,9 +35,14 @@ def write_source(path: Path, text: str) -> Path:
 
 def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: str, build_dir: Path) -> Path:
     """The kernel file (its path in the repository) with variant `name`'s edits, or as
-    `previous_commit` had it ("previous"), written to build_dir; fails loudly when the kernel no
-    longer has the text an edit replaces."""
-    text = kernel_at(previous_commit, kernel_file) if name == "previous" else (steps.REPO / kernel_file).read_text()
+    `previous_commit` had it ("previous"), or as commit C had it ("at_C"), written to build_dir;
+    fails loudly when the kernel no longer has the text an edit replaces."""
+    if name == "previous":
+        text = kernel_at(previous_commit, kernel_file)
+    elif name.startswith("at_"):
+        text = kernel_at(name.removeprefix("at_"), kernel_file)
+    else:
+        text = (steps.REPO / kernel_file).read_text()
     for original, replacement in edits.get(name, ()):
         if text.count(original) != 1:
             raise RuntimeError(f"{name}: {kernel_file} no longer has exactly one {original!r}")

@@ -3,13 +3,12 @@
 // Step 3 loads a slice, waits for it, multiplies it, and only then loads the next: every slice
 // pays a full trip to L2 with nothing else in flight, and its loads are scalar. What changed,
 // each for a bottleneck notebook 05 measured on step 3:
-// - Slices 16 deep arrive by 16-byte cp.async (4 floats or 8 bf16) into a ring of 2 to 4 of
-//   them, as many as shared memory holds beside the latent tile: while the block multiplies one
-//   slice, the next ones are on their way, and one barrier per slice suffices (16 deep rather than
-//   8 halves the barriers and the per-slice work). A GPU with less shared memory gets slices 8 or
-//   4 deep. A run that is misaligned (a view with a storage offset), crosses the k|v boundary or
-//   hangs over a tail is copied element by element instead (zeros past the edges), so every valid
-//   shape stays correct.
+// - Slices 16 deep arrive by 16-byte cp.async (4 floats or 8 bf16) into a double buffer: while
+//   the block multiplies one slice, the next is on its way, and one barrier per slice suffices
+//   (16 deep rather than 8 halves the barriers and the per-slice work; a ring of 3 or 4 slices
+//   was no faster). A GPU with less shared memory gets slices 8 or 4 deep. A run that is
+//   misaligned (a view with a storage offset), crosses the k|v boundary or hangs over a tail is
+//   copied element by element instead (zeros past the edges), so every valid shape stays correct.
 // - A thread's runs are planned once per tile (where each starts, where it lands, whether it can
 //   go by cp.async), so a slice costs one instruction or two per copy. A first version worked
 //   each copy out afresh: ncu counted about 117 instructions per copy, and multiply-adds were
@@ -47,7 +46,6 @@ constexpr int kColumnGroups = 8;
 constexpr int kRows = kTokens / kTokenGroups;  // a thread's results: kRows tokens x kChunks x 4 columns
 constexpr int kChunks = kWarpColumns / (4 * kColumnGroups);
 constexpr int kDepth = 16;  // k of one staged slice, halved while two do not fit (down to one run)
-constexpr int kMinStages = 2, kMaxStages = 4;
 template <typename T>
 constexpr int kVector = 16 / sizeof(T);  // elements in one 16-byte copy
 // A row of a staged slice of the hidden tile: its depth, plus one 16-byte run where the 4 rows a
@@ -105,7 +103,6 @@ struct Problem : mla::Problem<T> {
   int latent_columns;  // rank rounded up to whole slices; those past the rank hold zeros
   int latent_stride;   // a latent row's floats: 4 past a multiple of 32, so that a warp's reads
                        // of 4 consecutive rows fall in different banks
-  int stages;          // ring buffers: stages - 1 slices in flight
 };
 
 // acc += A @ B over `depth` for this block's tile at output column n0. A is the hidden tile
@@ -178,24 +175,21 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
     }
   };
 
-  // Every step commits one group of copies, empty once the slices run out, so "all but the
-  // newest stages - 2 groups have landed" always means "slice s has landed".
-  int fill = 0, drain = 0;  // ring buffers of the next slice to stage and of slice s
-  for (int s = 0; s < p.stages - 1; ++s) {
-    if (s < slices) stage_slice(s, fill);
-    fill = fill + 1 == p.stages ? 0 : fill + 1;
-    mla::commit_copies();
-  }
+  // A double buffer, so "slice s has landed" is "all this thread's copies have": a wait whose
+  // count is a constant, as the instruction needs. (A ring of 2 to 4 slices, its depth chosen at
+  // run time, waited through a jump table on that depth and was 3 % slower: kernels/NOTES.md.)
+  int current = 0;  // the buffer of slice s
+  if (slices > 0) stage_slice(0, current);
+  mla::commit_copies();
   for (int s = 0; s < slices; ++s) {
-    mla::wait_for_copies(p.stages - 2);
+    mla::wait_for_copies(0);
     // Slice s is in from every thread, and every warp is done with slice s - 1, whose buffer
     // the next copies refill.
     __syncthreads();
-    if (s + p.stages - 1 < slices) stage_slice(s + p.stages - 1, fill);
-    fill = fill + 1 == p.stages ? 0 : fill + 1;
+    if (s + 1 < slices) stage_slice(s + 1, current ^ 1);
     mla::commit_copies();
-    const T* a_stage = ring + drain * kStageElements<T, kSliceDepth>;
-    drain = drain + 1 == p.stages ? 0 : drain + 1;
+    const T* a_stage = ring + current * kStageElements<T, kSliceDepth>;
+    current ^= 1;
     if (!computes) continue;
     const T* b = a_stage + kBStart + mine.column;
 #pragma unroll
@@ -274,23 +268,13 @@ __global__ void __launch_bounds__(kThreads, 1) vectorized_kernel(Problem<T> p) {
   }
 }
 
-// The launch with slices kSliceDepth deep, or cudaErrorInvalidValue when not even two of them
-// fit beside the latent tile in this GPU's shared memory.
+// The launch with slices kSliceDepth deep, or cudaErrorInvalidValue when two of them do not fit
+// beside the latent tile in this GPU's shared memory.
 template <typename T, int kSliceDepth>
-cudaError_t launch_with_depth(Problem<T> p, cudaStream_t stream) {
-  // As many slices in the ring as shared memory holds beside the latent tile, up to kMaxStages:
-  // more made no difference on the H200.
-  int limit = 0;
-  cudaError_t err = mla::shared_memory_limit(&limit);
-  if (err != cudaSuccess) return err;
-  const size_t latent_bytes = sizeof(float) * kTokens * size_t(p.latent_stride);
-  const size_t stage_bytes = sizeof(T) * kStageElements<T, kSliceDepth>;
-  const int64_t room = int64_t(limit) - int64_t(latent_bytes);
-  const int64_t fit = room < 0 ? 0 : room / int64_t(stage_bytes);
-  p.stages = int(fit < kMaxStages ? fit : kMaxStages);
-  if (p.stages < kMinStages) return cudaErrorInvalidValue;
-  const size_t shared_bytes = latent_bytes + p.stages * stage_bytes;
-  err = mla::allow_shared_memory(vectorized_kernel<T, kSliceDepth>, shared_bytes);
+cudaError_t launch_with_depth(const Problem<T>& p, cudaStream_t stream) {
+  const size_t shared_bytes =
+      sizeof(float) * kTokens * size_t(p.latent_stride) + 2 * sizeof(T) * kStageElements<T, kSliceDepth>;
+  const cudaError_t err = mla::allow_shared_memory(vectorized_kernel<T, kSliceDepth>, shared_bytes);
   if (err != cudaSuccess) return err;
 
   const int64_t token_tiles = mla::ceil_div(p.tokens, kTokens);
@@ -316,7 +300,7 @@ cudaError_t launch_deepest(const Problem<T>& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch(const MlaProblem& raw, cudaStream_t stream) {
   const int latent_columns = int(mla::round_up(raw.rank, kDepth));
-  const Problem<T> p{mla::Problem<T>::of(raw), latent_columns, int(mla::round_up(latent_columns, 32)) + 4, 0};
+  const Problem<T> p{mla::Problem<T>::of(raw), latent_columns, int(mla::round_up(latent_columns, 32)) + 4};
   return launch_deepest<T, kDepth>(p, stream);
 }
 
