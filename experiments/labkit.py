@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from mla_lab import bench, build, check, steps
-from mla_lab.problem import TOY, V2_LITE, Shape, make_inputs
+from mla_lab.problem import TOY, V2_LITE, Shape
 
 # variant -> ((text in the kernel file, what replaces it), ...)
 Edits = dict[str, tuple[tuple[str, str], ...]]
@@ -65,23 +65,15 @@ def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str],
 def run(step: int, sources: dict[str, Path], correct: Iterable[str], timed: Iterable[tuple[str, Shape, torch.dtype]],
         with_peers: bool = True, digits: int = 1, after_row=None) -> int:
     """A lab's whole run: build and check the variants on the toy, the quick shapes and V2-Lite at 128
-    tokens, then one timing row per (label, shape, dtype); `after_row(kernels, inputs, shape, out)`
-    may report more about each row."""
+    tokens, then one timing row per (label, shape, dtype) by `bench.compare` (the variants in
+    `correct` checked again on that row's inputs, the others timed as they are);
+    `after_row(kernels, shape, dtype)` may report more about each row."""
+    correct = tuple(correct)
     kernels = build_and_check(step, sources, correct, (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
     for label, shape, dtype in timed:
-        inputs, out = time_row(label, kernels, shape, dtype, with_peers, digits)
+        timings = bench.compare(kernels, shape, dtype, with_peers=with_peers,
+                                unchecked=[name for name in kernels if name not in correct])
+        print(f"{label:14} " + " | ".join(f"{t.name} {t.median_us:.{digits}f}" for t in timings), flush=True)
         if after_row is not None:
-            after_row(kernels, inputs, shape, out)
+            after_row(kernels, shape, dtype)
     return 0
-
-
-def time_row(label: str, kernels: dict, shape: Shape, dtype: torch.dtype, with_peers: bool, digits: int) -> tuple:
-    """One line of median µs (graph replay, interleaved rounds), every variant on the same inputs and output."""
-    inputs = make_inputs(shape, dtype, "cuda", 0)
-    out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
-    calls = {name: (lambda k=k: k(*inputs, shape.heads, out=out)) for name, k in kernels.items()}
-    if with_peers:
-        calls.update(bench.peers(inputs, shape.heads))
-    row = [f"{t.name} {t.median_us:.{digits}f}" for t in bench.time_many(calls, "graph")]
-    print(f"{label:14} " + " | ".join(row), flush=True)
-    return inputs, out

@@ -4,7 +4,8 @@ measured its pipelined version against the one before and tried its parameters.
 Each variant is kernels/04_vectorized.cu with edits (`lab_source(name)` fails loudly when the
 kernel no longer has the text an edit replaces). Those in CORRECT are checked first against
 float64 with NaN-poisoned outputs; all are timed in one process on the same inputs, graph
-replay, median µs, in interleaved rounds (`bench.time_many`):
+replay, median µs, in interleaved rounds (`bench.compare`, which checks those in CORRECT
+again on the timed inputs):
 
     python experiments/step4/lab.py [VARIANT...]     # all of them by default
     python experiments/step4/lab.py base at_aca0ad2  # or the kernel as any commit had it

@@ -4,7 +4,8 @@ measured its copies planned once per tile against the version before, and what e
 Each variant is solutions/ex04_tensor_cores.cu with edits (`lab_source(name)` fails loudly when
 the kernel no longer has the text an edit replaces). Those in CORRECT are checked first against
 float64 with NaN-poisoned outputs; all are timed in one process on the same inputs, graph
-replay, median µs, in interleaved rounds (`bench.time_many`):
+replay, median µs, in interleaved rounds (`bench.compare`, which checks those in CORRECT
+again on the timed inputs):
 
     python experiments/step5/lab.py [VARIANT...]     # all of them by default
 

@@ -4,7 +4,8 @@ its alternatives.
 Each variant is kernels/07_latency.cu with edits (`lab_source(name)` fails loudly when the kernel
 no longer has the text an edit replaces). Those in CORRECT compute the projection and are checked
 first; the others compute garbage and are for timing only. All are timed in one process on the
-same inputs, graph replay, median µs, in interleaved rounds (`bench.time_many`):
+same inputs, graph replay, median µs, in interleaved rounds (`bench.compare`, which checks those
+in CORRECT again on the timed inputs):
 
     python experiments/step7/lab.py [VARIANT...]     # all of them by default
 
@@ -35,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab.problem import TOY, V2_LITE  # noqa: E402
+from mla_lab.problem import TOY, V2_LITE, make_inputs  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 # variant -> ((text in kernels/07_latency.cu, what replaces it), ...)
@@ -97,8 +98,10 @@ def lab_source(name: str) -> Path:
 
 
 def main(names: list[str]) -> int:
-    def print_timeline(kernels, inputs, shape, out):
+    def print_timeline(kernels, shape, dtype):
         if "timeline" in kernels:
+            inputs = make_inputs(shape, dtype, "cuda", 0)
+            out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
             print(timeline(kernels["timeline"], inputs, shape, out), flush=True)
 
     return labkit.run(7, {name: lab_source(name) for name in names or VARIANTS}, CORRECT, TIMED,
