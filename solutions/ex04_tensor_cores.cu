@@ -36,145 +36,80 @@
 
 namespace {
 
-// The tensor-core instruction for each input type: how a warp reads its fragments of one step of
-// depth from shared memory (row-major tiles, `stride` elements per row) and multiplies them
-// (`multiply`), and where its results are (`for_each_pair`). Lane l = 4g + t holds parts of rows g
-// and g + 8 (PTX ISA, "Matrix fragments for mma.m16n8k16" and "... m16n8k8").
+// The tensor-core instruction for each input type, and how its fragments are read from shared
+// memory (row-major tiles, `stride` elements per row). Lane l holds parts of rows l / 4 and
+// l / 4 + 8 (PTX ISA, "Matrix fragments for mma.m16n8k16" and "... m16n8k8").
 template <typename T>
 struct TensorCore;
 
 template <>
 struct TensorCore<__nv_bfloat16> {
   static constexpr int kDepth = 16;  // k of one mma
+  static constexpr int kSliceBytes = 128;  // a staged slice's row: 64 deep
   static constexpr int kPadA = 8;    // row padding in elements of A-side tiles (16 bytes)
   static constexpr int kPadB = 8;
 
-  // acc[tm][tn] += the warp's 16-token tile tm of `a` (the warp's first row, at this depth) times
-  // its 8-column tile tn of `b` (this depth's row, at the warp's first column).
-  template <class C>
-  __device__ static void multiply(float (&acc)[C::kTilesM][C::kTilesN][4], const __nv_bfloat16* a, int a_stride,
-                                  const __nv_bfloat16* b, int b_stride) {
-    static_assert(C::kTilesN % 2 == 0, "B fragments are loaded in pairs of 8-wide tiles");
+  // A: the 16 x 16 tile at `tile`.
+  __device__ static void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int stride) {
     const int lane = threadIdx.x % 32;
-    uint32_t af[C::kTilesM][4], bf[C::kTilesN][2];
-#pragma unroll
-    for (int tm = 0; tm < C::kTilesM; ++tm) {
-      const __nv_bfloat16* row = a + (tm * 16 + lane % 16) * a_stride + (lane / 16) * 8;
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(af[tm][0]), "=r"(af[tm][1]), "=r"(af[tm][2]), "=r"(af[tm][3])
-                   : "r"(mla::shared_address(row)));
-    }
-#pragma unroll
-    for (int tn = 0; tn < C::kTilesN; tn += 2) {  // two 8-wide tiles per ldmatrix; rows are k, so transpose
-      const __nv_bfloat16* row = b + (lane % 16) * b_stride + tn * 8 + (lane / 16) * 8;
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(bf[tn][0]), "=r"(bf[tn][1]), "=r"(bf[tn + 1][0]), "=r"(bf[tn + 1][1])
-                   : "r"(mla::shared_address(row)));
-    }
-#pragma unroll
-    for (int tm = 0; tm < C::kTilesM; ++tm) {
-#pragma unroll
-      for (int tn = 0; tn < C::kTilesN; ++tn) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(acc[tm][tn][0]), "+f"(acc[tm][tn][1]), "+f"(acc[tm][tn][2]), "+f"(acc[tm][tn][3])
-            : "r"(af[tm][0]), "r"(af[tm][1]), "r"(af[tm][2]), "r"(af[tm][3]), "r"(bf[tn][0]), "r"(bf[tn][1]));
-      }
-    }
+    const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(mla::shared_address(row)));
   }
-  // Calls f(row, column, run) for each pair of adjacent results this lane holds (row and column
-  // within the warp's tile).
-  template <class C, class F>
-  __device__ static void for_each_pair(const float (&acc)[C::kTilesM][C::kTilesN][4], F f) {
-    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-#pragma unroll
-    for (int tm = 0; tm < C::kTilesM; ++tm) {
-#pragma unroll
-      for (int tn = 0; tn < C::kTilesN; ++tn) {
-        f(tm * 16 + g, tn * 8 + 2 * t, make_float2(acc[tm][tn][0], acc[tm][tn][1]));
-        f(tm * 16 + g + 8, tn * 8 + 2 * t, make_float2(acc[tm][tn][2], acc[tm][tn][3]));
-      }
-    }
+  // B: two 8-wide column tiles of the 16 x 16 tile at `tile` (rows are k, so transpose).
+  __device__ static void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2],
+                                     const __nv_bfloat16* tile, int stride) {
+    const int lane = threadIdx.x % 32;
+    const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+                 : "r"(mla::shared_address(row)));
   }
-  // bf16 operands need no rounding beyond their own (the latent tile is rounded by its store).
-  __device__ static float rounded(float x) { return x; }
-  __device__ static void round_run(__nv_bfloat16*) {}
+  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
 };
 
-// fp32 inputs, TF32 math. There is no ldmatrix for 32-bit elements. Read as the fragments lay
-// them out, a lane took each of its A and B values with a 4-byte read and rounded it to TF32 (3
-// instructions), in every warp that read it: until stop 23 that cost more issue slots than the
-// mma.syncs themselves. What changed:
-// - Each landed slice is rounded to TF32 once, in place, by the threads that copied it
-//   (`round_run`), and the latent tile is stored rounded: fragments are used as they are read.
-// - The warp computes the transposed tile (weights^T x tokens^T), so that the weights are the
-//   mma's A operand: A's registers 0 and 1 (rows g and g + 8 at one k) then come from one row of
-//   the weight slice, and so do 2 and 3.
-// - The order of k inside each 8-deep step, and of the columns inside each 16-wide tile, is the
-//   fragments' own. A sum does not depend on the order of its terms: lane (g, t)'s k = t and
-//   t + 4 are the slice's k = 2t and 2t + 1 for both operands, and its rows g and g + 8 of the
-//   weights^T tile are the columns 2g and 2g + 1. So every fragment register pair is one 8-byte
-//   read, landing in the registers the mma takes, and a lane's results come in pairs of
-//   adjacent columns.
 template <>
-struct TensorCore<float> {
+struct TensorCore<float> {  // fp32 inputs, TF32 math
   static constexpr int kDepth = 8;
-  static constexpr int kPadA = 8;  // token rows: stride = 8 (mod 32) words, so a half warp's reads (rows g, k 2t) hit 32 banks
-  static constexpr int kPadB = 4;  // weight rows: stride = 4 (mod 32) words, so do a half warp's (rows 2t, columns 2g)
+  // 16 deep, not 32: beside the fp32 latent tile an H200 holds 4 such stages instead of 2, so 3
+  // slices are in flight while one is multiplied, not 1 (kernels/NOTES.md, stop 23).
+  static constexpr int kSliceBytes = 64;
+  static constexpr int kPadA = 4;  // row stride 4 x an odd number of words: the 8 rows of a read start 4 banks apart
+  static constexpr int kPadB = 8;  // row stride = 8 (mod 32) words: lanes (8 * k + column) differ
 
-  __device__ static float rounded(float x) {
+  __device__ static uint32_t tf32(float x) {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
+    return r;
   }
-  // Rounds the 16-byte run at `run` (this thread's copy of a landed slice) to TF32 in place.
-  __device__ static void round_run(float* run) {
-    const float4 x = *reinterpret_cast<const float4*>(run);
-    mla::store_whole<mla::Space::kShared>(run, make_uint4(__float_as_uint(rounded(x.x)), __float_as_uint(rounded(x.y)),
-                                                          __float_as_uint(rounded(x.z)), __float_as_uint(rounded(x.w))));
-  }
-  // As TensorCore<__nv_bfloat16>::multiply, but acc[i][j] is the transposed tile: the warp's
-  // columns 16i .. 16i + 15 (permuted as above) by its tokens 8j .. 8j + 7.
-  template <class C>
-  __device__ static void multiply(float (&acc)[C::kTilesM][C::kTilesN][4], const float* a, int a_stride,
-                                  const float* b, int b_stride) {
-    static_assert(C::kWarpRows == C::kWarpColumns, "a square warp tile has as many 16-column tiles as 16-token ones");
+  __device__ static void load_a(uint32_t (&a)[4], const float* tile, int stride) {
     const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    uint2 weights[C::kTilesM][2], tokens[C::kTilesN];
-#pragma unroll
-    for (int i = 0; i < C::kTilesM; ++i) {
-      weights[i][0] = *reinterpret_cast<const uint2*>(b + 2 * t * b_stride + 16 * i + 2 * g);
-      weights[i][1] = *reinterpret_cast<const uint2*>(b + (2 * t + 1) * b_stride + 16 * i + 2 * g);
-    }
-#pragma unroll
-    for (int j = 0; j < C::kTilesN; ++j) tokens[j] = *reinterpret_cast<const uint2*>(a + (8 * j + g) * a_stride + 2 * t);
-#pragma unroll
-    for (int i = 0; i < C::kTilesM; ++i) {
-#pragma unroll
-      for (int j = 0; j < C::kTilesN; ++j) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-            : "r"(weights[i][0].x), "r"(weights[i][0].y), "r"(weights[i][1].x), "r"(weights[i][1].y),
-              "r"(tokens[j].x), "r"(tokens[j].y));
-      }
-    }
+    a[0] = tf32(tile[g * stride + t]);
+    a[1] = tf32(tile[(g + 8) * stride + t]);
+    a[2] = tf32(tile[g * stride + t + 4]);
+    a[3] = tf32(tile[(g + 8) * stride + t + 4]);
   }
-  // Accumulators 0 and 2 are token 8j + 2t's columns 16i + 2g and 16i + 2g + 1; 1 and 3, token
-  // 8j + 2t + 1's.
-  template <class C, class F>
-  __device__ static void for_each_pair(const float (&acc)[C::kTilesM][C::kTilesN][4], F f) {
+  __device__ static void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2], const float* tile,
+                                     int stride) {
     const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-#pragma unroll
-    for (int i = 0; i < C::kTilesM; ++i) {
-#pragma unroll
-      for (int j = 0; j < C::kTilesN; ++j) {
-        f(8 * j + 2 * t, 16 * i + 2 * g, make_float2(acc[i][j][0], acc[i][j][2]));
-        f(8 * j + 2 * t + 1, 16 * i + 2 * g, make_float2(acc[i][j][1], acc[i][j][3]));
-      }
-    }
+    b0[0] = tf32(tile[t * stride + g]);
+    b0[1] = tf32(tile[(t + 4) * stride + g]);
+    b1[0] = tf32(tile[t * stride + 8 + g]);
+    b1[1] = tf32(tile[(t + 4) * stride + 8 + g]);
+  }
+  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 };
 
@@ -184,13 +119,15 @@ struct Config {
   using Core = TensorCore<T>;
   static constexpr int kTokens = kTokens_, kColumns = kColumns_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kSlice = 128 / sizeof(T);  // depth of one staged slice: 128 bytes per row
+  static constexpr int kSlice = Core::kSliceBytes / sizeof(T);  // depth of one staged slice
   static constexpr int kWarpRows = kTokens / kWarpsM, kWarpColumns = kColumns / kWarpsN;
   static constexpr int kTilesM = kWarpRows / 16, kTilesN = kWarpColumns / 8;
   static constexpr int kVector = 16 / sizeof(T);
   static constexpr int kStrideA = kSlice + Core::kPadA;
   static constexpr int kStrideB = kColumns + Core::kPadB;
-  static constexpr int kMinStages = 2, kMaxStages = 8;
+  // At least 2 stages, and enough B stages to hold the output tile, which reuses them.
+  static constexpr int kMinStages = kTokens > 2 * kSlice ? kTokens / kSlice : 2, kMaxStages = 8;
+  static_assert(kTilesN % 2 == 0, "B fragments are loaded in pairs of 8-wide tiles");
   static_assert(kTokens <= kMinStages * kSlice, "the output tile reuses the B stages");
 
   __host__ __device__ static int64_t latent_columns(int64_t rank) { return mla::round_up(rank, kColumns); }
@@ -213,17 +150,21 @@ struct Config {
 
 // A thread's 16-byte runs of one staged slice (kRows x kWidth elements, row-major): run i starts
 // at row `row0() + i * kRowsApart`, element `column()`. Moving kRowsApart rows on, or on to the
-// next slice (kSlice elements of A's row: 128 bytes; kSlice rows of B), keeps a run's 16-byte
-// alignment, so whether it can go by cp.async is worked out once per tile, not once per copy.
+// next slice (kSlice elements of A's row, a multiple of 16 bytes; kSlice rows of B), keeps a run's
+// 16-byte alignment, so whether it can go by cp.async is worked out once per tile, not once per
+// copy. A slice of fewer runs than the block has threads (fp32's 16-deep hidden tile) gives some
+// threads one run and the rest none (`has_runs`).
 template <class C, int kRows, int kWidth>
 struct Runs {
   static constexpr int kPerRow = kWidth / C::kVector;
   static constexpr int kRowsApart = C::kThreads / kPerRow;
-  static constexpr int kCount = kRows / kRowsApart;
-  static_assert(C::kThreads % kPerRow == 0 && kRows % kRowsApart == 0, "a slice is whole runs, evenly shared");
+  static constexpr int kCount = kRows >= kRowsApart ? kRows / kRowsApart : 1;
+  static_assert(C::kThreads % kPerRow == 0 && (kRows % kRowsApart == 0 || kRowsApart % kRows == 0),
+                "a slice is whole runs, evenly shared");
   static_assert(kRowsApart % C::kVector == 0, "kRowsApart rows of any row length are a multiple of 16 bytes");
   __device__ static int row0() { return threadIdx.x / kPerRow; }
   __device__ static int column() { return threadIdx.x % kPerRow * C::kVector; }
+  __device__ static bool has_runs() { return kRows >= kRowsApart || row0() < kRows; }
 };
 
 // acc += A @ B over `depth`, for this block's kTokens x kColumns tile at output column n0.
@@ -261,25 +202,11 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
   const bool b_direct = b_first + C::kVector <= columns && mla::aligned16(b_from) &&
                         (b_first >= weights.split || b_first + C::kVector <= weights.split);
 
-  // This thread's runs of the slice in `buffer`, once they have landed (TF32 only: see TensorCore<float>).
-  auto round_slice = [&](int buffer) {
-    if constexpr (!kFromLatent) {
-#pragma unroll
-      for (int i = 0; i < RunsA::kCount; ++i) {
-        Core::round_run(a_stages + buffer * kStageA + (a_row + i * RunsA::kRowsApart) * C::kStrideA + a_column);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < RunsB::kCount; ++j) {
-      Core::round_run(b_stages + buffer * kStageB + (b_row + j * RunsB::kRowsApart) * C::kStrideB + RunsB::column());
-    }
-  };
-
   const int slices = int(mla::ceil_div(depth, C::kSlice));
   auto stage_slice = [&](int slice, int buffer) {
     const int64_t k0 = int64_t(slice) * C::kSlice;
     const bool whole = k0 + C::kSlice <= depth;
-    if constexpr (!kFromLatent) {
+    if (!kFromLatent && RunsA::has_runs()) {
 #pragma unroll
       for (int i = 0; i < RunsA::kCount; ++i) {
         const int row = a_row + i * RunsA::kRowsApart;
@@ -320,7 +247,6 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
   }
   for (int s = 0; s < slices; ++s) {
     mla::wait_for_copies(stages - 2);
-    round_slice(drain);
     // Slice s, from every thread's copies, is in shared memory, and every warp is done with
     // slice s - 1, whose buffer is refilled next.
     __syncthreads();
@@ -333,31 +259,49 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
     drain = drain + 1 == stages ? 0 : drain + 1;
 #pragma unroll
     for (int ks = 0; ks < C::kSlice; ks += Core::kDepth) {
-      Core::template multiply<C>(acc, a_tile + warp_row * a_stride + ks, a_stride,
-                                 b_tile + ks * C::kStrideB + warp_column, C::kStrideB);
+      uint32_t a[C::kTilesM][4], b[C::kTilesN][2];
+#pragma unroll
+      for (int tm = 0; tm < C::kTilesM; ++tm) {
+        Core::load_a(a[tm], a_tile + (warp_row + tm * 16) * a_stride + ks, a_stride);
+      }
+#pragma unroll
+      for (int tn = 0; tn < C::kTilesN; tn += 2) {
+        Core::load_b_pair(b[tn], b[tn + 1], b_tile + ks * C::kStrideB + warp_column + tn * 8,
+                          C::kStrideB);
+      }
+#pragma unroll
+      for (int tm = 0; tm < C::kTilesM; ++tm) {
+#pragma unroll
+        for (int tn = 0; tn < C::kTilesN; ++tn) Core::mma(acc[tm][tn], a[tm], b[tn]);
+      }
     }
   }
   __syncthreads();  // every warp is done with the buffers before the next tile refills them
 }
 
-// Two adjacent results of one row, rounded to T: into shared memory, whole.
-__device__ __forceinline__ void store_pair(float* dst, const float2& pair) {
-  mla::store_whole<mla::Space::kShared>(dst, make_uint2(__float_as_uint(pair.x), __float_as_uint(pair.y)));
+// Two adjacent results of one row, rounded to T: into shared memory.
+__device__ __forceinline__ void store_pair(float* dst, float x, float y) {
+  mla::store_whole<mla::Space::kShared>(dst, make_uint2(__float_as_uint(x), __float_as_uint(y)));
 }
-__device__ __forceinline__ void store_pair(__nv_bfloat16* dst, const float2& pair) {
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(pair.x, pair.y);
+__device__ __forceinline__ void store_pair(__nv_bfloat16* dst, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
 }
 
-// Calls f(row, column, pair) for each pair of adjacent results this thread holds (row and column
-// in the block's tile).
+// Calls f(row, column, x, y) for this thread's result pairs (the mma accumulator layout).
 template <class C, class F>
 __device__ __forceinline__ void for_each_pair(const float (&acc)[C::kTilesM][C::kTilesN][4], F f) {
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_row = warp / (C::kColumns / C::kWarpColumns) * C::kWarpRows;
   const int warp_column = warp % (C::kColumns / C::kWarpColumns) * C::kWarpColumns;
-  C::Core::template for_each_pair<C>(acc, [&](int row, int column, float2 pair) {
-    f(warp_row + row, warp_column + column, pair);
-  });
+#pragma unroll
+  for (int tm = 0; tm < C::kTilesM; ++tm) {
+#pragma unroll
+    for (int tn = 0; tn < C::kTilesN; ++tn) {
+      const int row = warp_row + tm * 16 + lane / 4, column = warp_column + tn * 8 + lane % 4 * 2;
+      f(row, column, acc[tm][tn][0], acc[tm][tn][1]);
+      f(row + 8, column, acc[tm][tn][2], acc[tm][tn][3]);
+    }
+  }
 }
 
 template <class C, typename T>
@@ -373,9 +317,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(mla::Proble
   for (int64_t n0 = 0; n0 < C::latent_columns(p.rank); n0 += C::kColumns) {
     float acc[C::kTilesM][C::kTilesN][4] = {};
     accumulate_tile<C, false>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages, stages);
-    for_each_pair<C>(acc, [&](int row, int column, float2 pair) {
-      pair = make_float2(C::Core::rounded(pair.x), C::Core::rounded(pair.y));  // GEMM 2's operand, rounded once here
-      store_pair(latent + row * latent_stride + n0 + column, pair);
+    for_each_pair<C>(acc, [&](int row, int column, float x, float y) {
+      store_pair(latent + row * latent_stride + n0 + column, x, y);
     });
   }
   __syncthreads();  // the latent tile is complete before GEMM 2 reads it
@@ -387,8 +330,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(mla::Proble
     accumulate_tile<C, true>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages, stages);
     T* out_tile = b_stages;  // kTokens x kStrideB; the B stages are free after the last slice
     // BEGIN SOLUTION: write the stacked output tile: put each result pair (for_each_pair, store_pair) into out_tile, wait for the whole block, then copy out_tile to p.out row by row in 16-byte runs (C::kVector elements) where the run is inside the output and aligned, element by element where not; wait again before out_tile is reused
-    for_each_pair<C>(acc, [&](int row, int column, const float2& pair) {
-      store_pair(out_tile + row * C::kStrideB + column, pair);
+    for_each_pair<C>(acc, [&](int row, int column, float x, float y) {
+      store_pair(out_tile + row * C::kStrideB + column, x, y);
     });
     __syncthreads();  // every result is in out_tile before any thread copies a row of it out
     for (int e = threadIdx.x; e < C::kTokens * C::kColumns / C::kVector; e += C::kThreads) {
