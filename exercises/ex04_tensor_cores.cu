@@ -47,7 +47,6 @@ struct TensorCore;
 template <>
 struct TensorCore<__nv_bfloat16> {
   static constexpr int kDepth = 16;  // k of one mma
-  static constexpr int kSliceBytes = 128;  // a staged slice's row: 64 deep
   static constexpr int kPadA = 8;    // row padding in elements of A-side tiles (16 bytes)
   static constexpr int kPadB = 8;
 
@@ -80,10 +79,7 @@ struct TensorCore<__nv_bfloat16> {
 template <>
 struct TensorCore<float> {  // fp32 inputs, TF32 math
   static constexpr int kDepth = 8;
-  // 16 deep, not 32: beside the fp32 latent tile an H200 holds 4 such stages instead of 2, so 3
-  // slices are in flight while one is multiplied, not 1 (kernels/NOTES.md, stop 23).
-  static constexpr int kSliceBytes = 64;
-  static constexpr int kPadA = 4;  // row stride 4 x an odd number of words: the 8 rows of a read start 4 banks apart
+  static constexpr int kPadA = 4;  // row stride = 4 (mod 32) words: lanes (4 * row + col) differ
   static constexpr int kPadB = 8;  // row stride = 8 (mod 32) words: lanes (8 * k + column) differ
 
   __device__ static uint32_t tf32(float x) {
@@ -121,14 +117,13 @@ struct Config {
   using Core = TensorCore<T>;
   static constexpr int kTokens = kTokens_, kColumns = kColumns_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kSlice = Core::kSliceBytes / sizeof(T);  // depth of one staged slice
+  static constexpr int kSlice = 128 / sizeof(T);  // depth of one staged slice: 128 bytes per row
   static constexpr int kWarpRows = kTokens / kWarpsM, kWarpColumns = kColumns / kWarpsN;
   static constexpr int kTilesM = kWarpRows / 16, kTilesN = kWarpColumns / 8;
   static constexpr int kVector = 16 / sizeof(T);
   static constexpr int kStrideA = kSlice + Core::kPadA;
   static constexpr int kStrideB = kColumns + Core::kPadB;
-  // At least 2 stages, and enough B stages to hold the output tile, which reuses them.
-  static constexpr int kMinStages = kTokens > 2 * kSlice ? kTokens / kSlice : 2, kMaxStages = 8;
+  static constexpr int kMinStages = 2, kMaxStages = 8;
   static_assert(kTilesN % 2 == 0, "B fragments are loaded in pairs of 8-wide tiles");
   static_assert(kTokens <= kMinStages * kSlice, "the output tile reuses the B stages");
 
@@ -152,21 +147,17 @@ struct Config {
 
 // A thread's 16-byte runs of one staged slice (kRows x kWidth elements, row-major): run i starts
 // at row `row0() + i * kRowsApart`, element `column()`. Moving kRowsApart rows on, or on to the
-// next slice (kSlice elements of A's row, a multiple of 16 bytes; kSlice rows of B), keeps a run's
-// 16-byte alignment, so whether it can go by cp.async is worked out once per tile, not once per
-// copy. A slice of fewer runs than the block has threads (fp32's 16-deep hidden tile) gives some
-// threads one run and the rest none (`has_runs`).
+// next slice (kSlice elements of A's row: 128 bytes; kSlice rows of B), keeps a run's 16-byte
+// alignment, so whether it can go by cp.async is worked out once per tile, not once per copy.
 template <class C, int kRows, int kWidth>
 struct Runs {
   static constexpr int kPerRow = kWidth / C::kVector;
   static constexpr int kRowsApart = C::kThreads / kPerRow;
-  static constexpr int kCount = kRows >= kRowsApart ? kRows / kRowsApart : 1;
-  static_assert(C::kThreads % kPerRow == 0 && (kRows % kRowsApart == 0 || kRowsApart % kRows == 0),
-                "a slice is whole runs, evenly shared");
+  static constexpr int kCount = kRows / kRowsApart;
+  static_assert(C::kThreads % kPerRow == 0 && kRows % kRowsApart == 0, "a slice is whole runs, evenly shared");
   static_assert(kRowsApart % C::kVector == 0, "kRowsApart rows of any row length are a multiple of 16 bytes");
   __device__ static int row0() { return threadIdx.x / kPerRow; }
   __device__ static int column() { return threadIdx.x % kPerRow * C::kVector; }
-  __device__ static bool has_runs() { return kRows >= kRowsApart || row0() < kRows; }
 };
 
 // acc += A @ B over `depth`, for this block's kTokens x kColumns tile at output column n0.
@@ -208,7 +199,7 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
   auto stage_slice = [&](int slice, int buffer) {
     const int64_t k0 = int64_t(slice) * C::kSlice;
     const bool whole = k0 + C::kSlice <= depth;
-    if (!kFromLatent && RunsA::has_runs()) {
+    if constexpr (!kFromLatent) {
 #pragma unroll
       for (int i = 0; i < RunsA::kCount; ++i) {
         const int row = a_row + i * RunsA::kRowsApart;
