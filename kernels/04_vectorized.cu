@@ -14,13 +14,14 @@
 //   each copy out afresh: ncu counted about 117 instructions per copy, and multiply-adds were
 //   48 % of all instructions (V2-Lite, 4096 tokens, fp32: 1.8 ms; planned: 67 % and 1.0 ms).
 // - Each thread computes 8 tokens x 4 adjacent columns (step 3: 4 x 4), and a warp 32 tokens x 32
-//   columns: its lanes are 4 token groups x 8 column groups, so one 16-byte read of a slice gives
-//   a lane its 4 columns, or one token's 4 depths, and the warp's reads land in different banks. A
-//   depth of the slice costs 32 multiply-adds for 3 reads, each one shared-memory wavefront; step
-//   3 paid 16 multiply-adds for 8 reads. (Until stop 22 all lanes of a warp shared their tokens:
-//   the same 3 reads took 6 wavefronts, which would keep shared memory 75 % busy at the FP32
-//   pipes' peak.) 16 warps, 4 per scheduler, hide one another's waits. Tiles are 32 tokens x 512
-//   columns; a warp whose 32 columns lie past the matrix skips the arithmetic.
+//   columns: its lanes are 4 token groups x 8 column groups, so one read of a slice gives a lane
+//   its 4 columns, or one token's 4 depths (2 in fp32: `kADepths`), and the warp's reads land in
+//   different banks. A depth of the slice costs 32 multiply-adds for 3 reads in bf16, 5 in fp32,
+//   each one shared-memory wavefront; step 3 paid 16 multiply-adds for 8 reads. (Until stop 22
+//   all lanes of a warp shared their tokens: the same 3 reads took 6 wavefronts, which would keep
+//   shared memory 75 % busy at the FP32 pipes' peak.) 16 warps, 4 per scheduler, hide one
+//   another's waits. Tiles are 32 tokens x 512 columns; a warp whose 32 columns lie past the
+//   matrix skips the arithmetic.
 // - The output is written 4 columns at a time, 8 lanes of a warp covering one contiguous 128-byte
 //   (fp32) run of a stacked output row.
 // - Step 3 launched tokens / 32 blocks: 12 for the toy on a 132-SM GPU. The output columns of a
@@ -46,6 +47,7 @@ constexpr int kColumnGroups = 8;
 constexpr int kRows = kTokens / kTokenGroups;  // a thread's results: kRows tokens x kChunks x 4 columns
 constexpr int kChunks = kWarpColumns / (4 * kColumnGroups);
 constexpr int kDepth = 16;  // k of one staged slice, halved while two do not fit (down to one run)
+constexpr int kBuffers = 2;  // slices in shared memory: one is multiplied while the next lands
 template <typename T>
 constexpr int kVector = 16 / sizeof(T);  // elements in one 16-byte copy
 // A row of a staged slice of the hidden tile: its depth, plus one 16-byte run where the 4 rows a
@@ -92,6 +94,27 @@ __device__ __forceinline__ void store_four(float* dst, const float (&v)[4]) {
 template <mla::Space kSpace>
 __device__ __forceinline__ void store_four(__nv_bfloat16* dst, const float (&v)[4]) {
   mla::store_whole<kSpace>(dst, make_uint2(mla::pack_bf16(v[0], v[1]), mla::pack_bf16(v[2], v[3])));
+}
+
+// How many depths of its A rows a thread takes per shared-memory read: 4 in bf16, 2 in fp32.
+// Reading 2 holds 16 A values in registers across the multiply-adds instead of 32, for twice the
+// reads: in fp32 that was 3.5 % faster at V2-Lite 4096 and 8192 tokens, in bf16 1.6 % slower
+// (kernels/NOTES.md, stop 23).
+template <typename T>
+constexpr int kADepths = sizeof(T) == sizeof(float) ? 2 : 4;
+template <int kDepths>
+__device__ __forceinline__ float4 read_depths(const float* p) {
+  if constexpr (kDepths == 4) {
+    return read_four(p);
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    return make_float4(v.x, v.y, 0.0f, 0.0f);
+  }
+}
+template <int kDepths>
+__device__ __forceinline__ float4 read_depths(const __nv_bfloat16* p) {
+  static_assert(kDepths == 4, "bf16 rows are read 4 depths at a time");
+  return read_four(p);
 }
 
 __device__ __forceinline__ float component(const float4& v, int q) {
@@ -178,6 +201,7 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
   // A double buffer, so "slice s has landed" is "all this thread's copies have": a wait whose
   // count is a constant, as the instruction needs. (A ring of 2 to 4 slices, its depth chosen at
   // run time, waited through a jump table on that depth and was 3 % slower: kernels/NOTES.md.)
+  static_assert(kBuffers == 2, "slice s + 1 goes to the other buffer, and slice s is all that is in flight");
   int current = 0;  // the buffer of slice s
   if (slices > 0) stage_slice(0, current);
   mla::commit_copies();
@@ -192,19 +216,20 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
     current ^= 1;
     if (!computes) continue;
     const T* b = a_stage + kBStart + mine.column;
+    constexpr int kRead = kADepths<T>;
 #pragma unroll
-    for (int kk = 0; kk < kSliceDepth; kk += 4) {
-      float4 a[kRows];  // a[i]: depths kk .. kk + 3 of row i
+    for (int kk = 0; kk < kSliceDepth; kk += kRead) {
+      float4 a[kRows];  // a[i]: depths kk .. kk + kRead - 1 of row i
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         if constexpr (kFromLatent) {
-          a[i] = read_four(latent + row_of(mine, i) * p.latent_stride + s * kSliceDepth + kk);
+          a[i] = read_depths<kRead>(latent + row_of(mine, i) * p.latent_stride + s * kSliceDepth + kk);
         } else {
-          a[i] = read_four(a_stage + row_of(mine, i) * kAStride + kk);
+          a[i] = read_depths<kRead>(a_stage + row_of(mine, i) * kAStride + kk);
         }
       }
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
+      for (int q = 0; q < kRead; ++q) {
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           const float4 bq = read_four(b + (kk + q) * kColumns + j * 4 * kColumnGroups);
@@ -273,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1) vectorized_kernel(Problem<T> p) {
 template <typename T, int kSliceDepth>
 cudaError_t launch_with_depth(const Problem<T>& p, cudaStream_t stream) {
   const size_t shared_bytes =
-      sizeof(float) * kTokens * size_t(p.latent_stride) + 2 * sizeof(T) * kStageElements<T, kSliceDepth>;
+      sizeof(float) * kTokens * size_t(p.latent_stride) + kBuffers * sizeof(T) * kStageElements<T, kSliceDepth>;
   const cudaError_t err = mla::allow_shared_memory(vectorized_kernel<T, kSliceDepth>, shared_bytes);
   if (err != cudaSuccess) return err;
 

@@ -11,16 +11,16 @@ again on the timed inputs):
     python experiments/step4/lab.py base at_aca0ad2  # or the kernel as any commit had it
 
   base        the committed kernel
-  previous    step 4 before its double buffer (6121cbf: a ring of 2 to 4 slices, its depth chosen at
-              run time)
+  previous    step 4 before fp32 read its A rows 2 depths at a time (100022e: 4, as bf16 does)
+  at_6121cbf  step 4 before its double buffer: a ring of 2 to 4 slices, its depth chosen at run time
   at_aca0ad2  step 4 before its warps spread over tokens: all lanes of a warp on the same 8 tokens,
               8 warps, 32 x 256 tiles, 8-deep slices, two blocks per SM where they fit
   threads256  8 warps of 8 x 8 results per thread (64 columns a warp; 166-239 registers)
   depth8      8-deep slices instead of 16 (what fp32 runs on an Ada GPU up to rank 512 or so)
   shallow     slices one 16-byte run deep: 4 in fp32 (Ada's fp32 at rank 640), 8 in bf16
-  depth32     32-deep slices
+  depth32     32-deep slices (until stop 23, when fp32 read A 4 depths at a time, they spilled)
   no_pad      the hidden tile's staged rows unpadded (fp32 16 deep: 64 bytes apart, 2-way conflicts)
-  pairs       A read 2 depths at a time instead of 4 (fewer registers, twice A's reads)
+  bf16_pairs  bf16 too reads A 2 depths at a time (fp32 does: fewer registers, twice A's reads)
   no_compute  copies every slice, skips the multiply-adds (timing only: the copies' cost)
   no_copy     issues no copies: multiplies whatever shared memory holds (timing only)
 """
@@ -35,31 +35,21 @@ from mla_lab.problem import TOY, V2_LITE  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 KERNEL = "kernels/04_vectorized.cu"
-PREVIOUS_COMMIT = "6121cbf"
-READ_TWO = """__device__ __forceinline__ float4 read_two(const float* p) {
-  const float2 v = *reinterpret_cast<const float2*>(p);
-  return make_float4(v.x, v.y, 0.0f, 0.0f);
-}
-__device__ __forceinline__ float4 read_two(const __nv_bfloat16* p) {
-  const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-  return make_float4(v.x, v.y, 0.0f, 0.0f);
-}
-"""
+PREVIOUS_COMMIT = "100022e"
 EDITS = {
     "depth8": (("return launch_deepest<T, kDepth>(p, stream);", "return launch_deepest<T, 8>(p, stream);"),),
     "shallow": (("return launch_deepest<T, kDepth>(p, stream);", "return launch_deepest<T, kVector<T>>(p, stream);"),),
     "depth32": (("constexpr int kDepth = 16;", "constexpr int kDepth = 32;"),),
     "no_pad": (("kSliceDepth * sizeof(T) % 64 == 0 ? kSliceDepth + kVector<T> : kSliceDepth;", "kSliceDepth;"),),
     "threads256": (("constexpr int kThreads = 512; ", "constexpr int kThreads = 256; "),),
-    "pairs": (("__device__ __forceinline__ float component(", READ_TWO + "__device__ __forceinline__ float component("),
-              ("for (int kk = 0; kk < kSliceDepth; kk += 4) {", "for (int kk = 0; kk < kSliceDepth; kk += 2) {"),
-              ("for (int q = 0; q < 4; ++q) {", "for (int q = 0; q < 2; ++q) {"),
-              ("a[i] = read_four(latent", "a[i] = read_two(latent"),
-              ("a[i] = read_four(a_stage", "a[i] = read_two(a_stage")),
+    "bf16_pairs": (("constexpr int kADepths = sizeof(T) == sizeof(float) ? 2 : 4;", "constexpr int kADepths = 2;"),
+                   ("  static_assert(kDepths == 4, \"bf16 rows are read 4 depths at a time\");\n  return read_four(p);",
+                    "  const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(p);\n"
+                    "  return make_float4(__low2float(v), __high2float(v), 0.0f, 0.0f);")),
     "no_compute": (("    if (!computes) continue;", "    if (computes || p.tokens > 0) continue;"),),
     "no_copy": (("  auto stage_slice = [&](int slice, int buffer) {\n", "  auto stage_slice = [&](int slice, int buffer) {\n    if (p.tokens > 0) return;\n"),),
 }
-CORRECT = ("base", "previous", "threads256", "depth8", "shallow", "depth32", "no_pad", "pairs", "at_aca0ad2")
+CORRECT = ("base", "previous", "threads256", "depth8", "shallow", "depth32", "no_pad", "bf16_pairs", "at_aca0ad2")
 VARIANTS = ("base", "previous", "at_aca0ad2", *EDITS)
 TIMED = (("toy fp32", TOY, torch.float32),
          ("v2l-128 fp32", V2_LITE.with_tokens(1, 128), torch.float32),
