@@ -166,3 +166,14 @@ def test_lab_variants_still_apply_and_compile(lab, variant, tmp_path):
     """experiments/step{4,5,7}/lab.py edit a kernel's text: each variant NOTES.md measured stays buildable."""
     result = compile_with_ptxas_report(lab.lab_source(variant), ARCHS, tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("lab, variant", [(lab, variant) for lab in (STEP4_LAB, STEP5_LAB, STEP7_LAB)
+                                          for variant in lab.VARIANTS if variant != "base" and variant not in lab.EDITS],
+                         ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_lab_kernels_from_earlier_commits_still_build(lab, variant, tmp_path):
+    """A lab's "previous" and "at_<commit>" variants are a kernel file as an earlier commit had it
+    (NOTES.md cites them, stop 23's reverted step 5 experiments among them), built against today's
+    kernels/ headers: they stay buildable."""
+    result = compile_with_ptxas_report(lab.lab_source(variant), ARCHS, tmp_path)
+    assert result.returncode == 0, result.stderr
