@@ -2,6 +2,8 @@
 
   graph   the calls are captured in a CUDA graph and the graph is replayed: device time, without
           the ~5 us per launch that Python adds. The honest number for launch-bound sizes.
+          Each replay is queued behind a short sleep kernel, so the events time the GPU running
+          the graph, not the CPU submitting it or the GPU waking up.
   stream  plain calls from Python on the current stream: what a Python loop sees.
 
 Everything compared is timed in one process on the same inputs, beside the eager reference and
@@ -22,12 +24,19 @@ from . import check, layout
 from .problem import Inputs, Shape, make_inputs, oracle, reference
 
 MODES = ("graph", "stream")
-SAMPLE_US = 200.0  # one timed sample makes enough calls to last about this long (at most 64)
+SAMPLE_US = 500.0  # one timed sample makes enough calls to last about this long (at most 64):
+# a graph replay costs 5-10 µs more than its calls (measured on the H200, stop 24), 1-2 % of that
 # Timed one after the other in one process, the contender timed first ran up to 9 % faster than
 # the same kernel timed later (kernels/NOTES.md, stop 19). So samples are taken in rounds, each
 # visiting every contender, the order rotated from round to round: a drift of the GPU's clocks
 # during the run falls on all contenders alike.
 ROUNDS = 10
+# In graph mode a sample starts behind a sleep kernel of this many GPU cycles (about 100 µs at
+# the H200's 1.98 GHz): the start event is taken when the GPU reaches it, with the graph already
+# submitted behind it. Sampled from an idle GPU, the events also counted the graph's submission
+# or the GPU's wake-up (not told apart): on the H200 a graph of empty kernels read 2.5 µs per call
+# where they run in 0.55, and eager's toy 27.8 µs where it runs in 20.6 (kernels/NOTES.md, stop 24).
+BUSY_CYCLES = 200_000
 
 
 @dataclass
@@ -45,8 +54,10 @@ class Timing:
         return self.flops / (self.median_us * 1e-6) / 1e12
 
 
-def _events_us(run: Callable[[], None], repeats: int) -> float:
+def _events_us(run: Callable[[], None], repeats: int, busy_first: bool = False) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if busy_first:
+        torch.cuda._sleep(BUSY_CYCLES)
     start.record()
     for _ in range(repeats):
         run()
@@ -86,7 +97,9 @@ def prepare(
             for f in fns:
                 f()
     torch.cuda.current_stream().wait_stream(side)
-    estimate = _events_us(lambda: [f() for f in fns], 2) / len(fns)
+    # graph mode: the calls' device time (the CPU's launches hidden behind a sleep); stream mode:
+    # the time a Python loop takes, launches included
+    estimate = _events_us(lambda: [f() for f in fns], 2, busy_first=mode == "graph") / len(fns)
     calls = max(1, min(64, math.ceil(SAMPLE_US / max(estimate, 1e-3))))
     calls = math.ceil(calls / len(fns)) * len(fns)
     order = [fns[i % len(fns)] for i in range(calls)]
@@ -114,7 +127,7 @@ def sample(timers: dict[str, Timer], mode: str, flops: int = 0) -> list[Timing]:
         for name in names[r % len(names):] + names[:r % len(names)]:
             timer = timers[name]
             share = timer.samples * (r + 1) // ROUNDS - timer.samples * r // ROUNDS
-            times[name] += [_events_us(timer.run, 1) / timer.calls for _ in range(share)]
+            times[name] += [_events_us(timer.run, 1, busy_first=mode == "graph") / timer.calls for _ in range(share)]
     timings = []
     for name in names:
         ordered = sorted(times[name])

@@ -9,7 +9,7 @@ def test_interleaved_rounds_spread_a_clock_drift_over_every_contender(monkeypatc
     after the other, the second would read about 10 % slower; in rounds without rotation, 1 %."""
     samples_so_far = []
 
-    def drifting_events_us(run, repeats):
+    def drifting_events_us(run, repeats, busy_first=False):
         run()
         samples_so_far.append(run)
         return 100.0 * (1 + 0.001 * len(samples_so_far))
@@ -25,7 +25,7 @@ def test_interleaved_rounds_spread_a_clock_drift_over_every_contender(monkeypatc
 def test_every_contender_takes_a_share_of_its_samples_in_every_round(monkeypatch):
     order = []
 
-    def recording_events_us(run, repeats):
+    def recording_events_us(run, repeats, busy_first=False):
         run()
         return 1.0
 
@@ -48,3 +48,22 @@ def test_every_contender_takes_a_share_of_its_samples_in_every_round(monkeypatch
 
 def test_nothing_to_sample_gives_no_timings():
     assert bench.sample({}, "graph") == []
+
+
+def test_graph_samples_start_behind_a_busy_gpu_and_stream_samples_do_not(monkeypatch):
+    """Graph mode times device work: each sample waits behind a sleep kernel, so the CPU's
+    submission of the graph is not timed. Stream mode times what a Python loop sees, launches
+    included: no sleep there."""
+    asked = []
+
+    def events_us(run, repeats, busy_first=False):
+        asked.append(busy_first)
+        return 1.0
+
+    monkeypatch.setattr(bench, "_events_us", events_us)
+    timers = {"a": bench.Timer(run=lambda: None, calls=1, samples=10)}
+    bench.sample(timers, "graph")
+    assert asked == [True] * 10
+    asked.clear()
+    bench.sample(timers, "stream")
+    assert asked == [False] * 10

@@ -22,6 +22,14 @@ in CORRECT again on the timed inputs):
   tokens16    16 tokens per block instead of 8
   computing512  all 512 threads multiply (32 KiB of partial sums), not 256
   regs80      ptxas may give a thread 80 registers, not 128
+  issuers64, issuers128, issuers256   only the first N threads work out and issue the copies
+  unroll2     the multiply-add loop unrolled twice (two depth units' loads in flight)
+  issuers128_unroll2   both
+  tokens4     4 tokens per block instead of 8
+  ring        the toy too through the 8-stage ring of up to 12 KB slices, not all at once
+  ring6k      the same with slices of up to 6 KB
+  empty_threads128  the empty launch with 128 threads per block
+  empty_grid1       the empty launch of one block
   timeline    no_store, plus a clock64 mark by thread 0 of every block at each phase boundary,
               written over the output (printed as a per-phase table, then timed like the rest)
 
@@ -70,6 +78,20 @@ TIMELINE = (
      "    row[12] = clock64() - lab_start;\n    row[13] = (long long)lab_global_start;\n"
      "    row[14] = (long long)lab_global_end;\n    row[15] = sm;\n  }\n}\n"),
 )
+
+
+def issuers(n: int) -> tuple:
+    """Only the first n threads issue copies (and work out where): the rest go straight to the barrier."""
+    return (("constexpr int kThreads = 512;", f"constexpr int kThreads = 512;\nconstexpr int kIssuers = {n};"),
+            ("kThreads >> runs_shift};", "kIssuers >> runs_shift};"),
+            ("    issue(s, stage(s), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);",
+             "    if (threadIdx.x < kIssuers) issue(s, stage(s), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);"),
+            ("mla::round_up(p.d_model, 8) <= kThreads * kRunElements) {", "mla::round_up(p.d_model, 8) <= kIssuers * kRunElements) {"))
+
+
+UNROLL2 = ("  for (int k = group * kUnit; k < rows; k += groups * kUnit) {",
+           "#pragma unroll 2\n  for (int k = group * kUnit; k < rows; k += groups * kUnit) {")
+RING = ("  if (passes <= kMaxStages && passes * whole", "  if (g.tokens < 0 && passes <= kMaxStages && passes * whole")
 EDITS = {
     "empty": (EMPTY,),
     "no_fetch": (NO_FETCH,),
@@ -81,13 +103,22 @@ EDITS = {
     "tokens16": (("constexpr int kTokens = 8;", "constexpr int kTokens = 16;"),),
     "computing512": (("constexpr int kComputing = 256;", "constexpr int kComputing = 512;"),),
     "regs80": (("__maxnreg__(128)", "__maxnreg__(80)"),),
+    **{f"issuers{n}": issuers(n) for n in (64, 128, 256)},
+    "unroll2": (UNROLL2,),
+    "issuers128_unroll2": (*issuers(128), UNROLL2),
+    "tokens4": (("constexpr int kTokens = 8;", "constexpr int kTokens = 4;"),),
+    "ring": (RING,),
+    "ring6k": (RING, ("std::min<int64_t>(12 * 1024, room / kMaxStages)", "std::min<int64_t>(6 * 1024, room / kMaxStages)")),
+    "empty_threads128": (EMPTY, ("constexpr int kThreads = 512;", "constexpr int kThreads = 128;")),
+    "empty_grid1": (EMPTY, ("const dim3 grid{unsigned(token_tiles), unsigned(split.splits)};", "const dim3 grid{1, 1};")),
     "empty_nosmem": (EMPTY, ("kThreads, shared_bytes, stream>>>(", "kThreads, 0, stream>>>(")),
     **{f"empty_smem{kib}": (EMPTY, ("  const size_t shared_bytes = fixed_bytes + size_t(g.stages) * g.stage_elements * sizeof(T);",
                                     f"  const size_t shared_bytes = {kib} * 1024;"))
        for kib in (48, 100, 160, 220)},
 }
 PREVIOUS_COMMIT = "020cef4"  # copies placed by divisions, alignment tested per row
-CORRECT = ("base", "previous", "threads256", "tokens16", "computing512", "regs80")  # checked first
+CORRECT = ("base", "previous", "threads256", "tokens16", "computing512", "regs80", "issuers64", "issuers128", "issuers256",
+           "unroll2", "issuers128_unroll2", "tokens4", "ring", "ring6k")  # checked first
 VARIANTS = ("base", "previous", *EDITS)
 TIMED = (("toy fp32", TOY, torch.float32), ("toy bf16", TOY, torch.bfloat16),
          ("v2l-128 bf16", V2_LITE.with_tokens(1, 128), torch.bfloat16), ("v2l-4096 bf16", V2_LITE, torch.bfloat16))
