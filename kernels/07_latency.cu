@@ -9,20 +9,14 @@
 //   waves x work count like step 4's.
 // - Every slice of weights (and of hidden) a block needs goes through one cp.async ring that
 //   runs across both GEMMs. Where a block's whole share fits in shared memory (the toy: two
-//   slices, one per GEMM) all of it is requested at once, so a block waits on L2 once; elsewhere
-//   all 8 stages are kept in flight.
-// - Half the threads only issue copies, the other half only compute, and they meet on mbarriers
-//   (sm_80+), one phase per slice: a slice's copies and the issuers' own stores into it have
-//   landed; the computers are done with it. Before, all 512 threads issued a slice, then all met
-//   at a block barrier to compute on it, so the copies ahead went out only as fast as the memory
-//   system took them, while no thread computed. Now the issuers run ahead through the whole ring
-//   while the computers work, which pays where a block has many slices (V2-Lite); at the toy a
-//   block's two slices go out first either way. kernels/NOTES.md (stop 24) has the measurements.
+//   slices, one per GEMM) all of it is requested before any arithmetic, so a block waits on L2
+//   once; elsewhere 7 slices of 8 are in flight.
 // - A thread owns two adjacent output columns of the pass and all 8 tokens, so each activation
 //   it loads feeds two multiply-adds (with one column per thread, GEMM 1 of the toy ran at 23 of
 //   an SM's 128 FMA per cycle: kernels/NOTES.md). 256 of the 512 threads compute: they split
 //   the pass's depth into groups (8 groups of 32 column pairs for the toy's 48 latent columns)
-//   and add their partial sums in shared memory at the end of the pass. Slices are padded with zeros to whole units of 4 rows and to an even column count, so
+//   and add their partial sums in shared memory at the end of the pass; all 512 issue copies and
+//   add. Slices are padded with zeros to whole units of 4 rows and to an even column count, so
 //   the inner loop has no bounds tests (a first version tested every row, and ncu counted about
 //   100 instructions per 32 multiply-adds in that loop).
 // - Copies take few instructions to issue. Pass widths are powers of two, so a thread finds its
@@ -32,7 +26,7 @@
 //   cp.async, 43 % of all the kernel executed; removing them saved the toy 11-17 %.)
 // FFMA in both dtypes, like step 4. What limits it is measured in kernels/NOTES.md: instructions
 // issued (a warp waits on the one before it more than on memory), not L2 bandwidth; and at the
-// toy, how fast a block's 80 KB of copies land (15-19 bytes per cycle per SM).
+// toy, the launch of the grid itself.
 //
 // Launch limit: rank <= 512 (the fp32 latent of 8 tokens and the partial sums beside the 8-stage
 // ring must fit the 99 KB of shared memory per block that Ada offers).
@@ -45,43 +39,11 @@
 namespace {
 
 constexpr int kThreads = 512;  // 16 warps: an SM's only block must hide its own latencies
-constexpr int kComputing = 256;  // threads 0-255 multiply and add: kTokens x 2 partial sums each
-constexpr int kIssuers = kThreads - kComputing;  // threads 256-511 issue the copies, nothing else
+constexpr int kComputing = 256;  // threads that multiply: kTokens x 2 partial sums each
 constexpr int kTokens = 8;   // tokens per block
 constexpr int kMaxStages = 8;  // ring depth when a block's slices do not all fit at once
 constexpr int kUnit = 4;     // depth rows a thread takes at a time: one vector of activations
 constexpr int kMaxPassShift = 8;  // passes of <= 256 columns: 128 pairs, so the depth splits in >= 2 groups
-
-// mbarriers (sm_80+), for copies tracked per slice instead of per thread's groups: a phase
-// completes when `count` threads have arrived; a wait names the parity of the phase it waits for.
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(mla::shared_address(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(mla::shared_address(bar))
-               : "memory");
-}
-// This thread's arrival, made once its cp.async copies so far have landed. It is the thread's only
-// arrival on `bar` in the phase (.noinc: it counts as one of the `count`); its own stores need an
-// mbarrier_arrive on another barrier (compute-sanitizer's synccheck reports a second arrival by one
-// thread in one phase as a missing wait).
-__device__ __forceinline__ void mbarrier_arrive_on_copies(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(mla::shared_address(bar)) : "memory");
-}
-// (On sm_90 try_wait suspends the thread for a while before answering, so that waiting warps take
-// fewer issue slots from the others; sm_80 has only test_wait, which answers at once.)
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(mla::shared_address(bar)), "r"(parity) : "memory");
-#else
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(mla::shared_address(bar)), "r"(parity) : "memory");
-#endif
-  }
-}
 
 // The launcher's choices, the same for every block. Pass widths and the runs of a hidden row are
 // powers of two, so that a thread finds its place in a slice by shifts, not divisions.
@@ -163,16 +125,16 @@ struct Schedule {
   }
 };
 
-// Where an issuing thread's copies in a fetch of 16-byte runs, 1 << runs_shift of them per row (at
-// most kIssuers), start: run t % runs of rows t / runs, t / runs + row_step, ... for issuer t.
+// Where a thread's copies in a fetch of 16-byte runs, 1 << runs_shift of them per row (at most
+// kThreads), start: run t % runs of rows t / runs, t / runs + row_step, ... for thread t.
 struct Lane {
   int row, column, row_step;  // column in elements
 };
 template <typename T>
 __device__ __forceinline__ Lane lane(int runs_shift) {
   constexpr int V = 16 / sizeof(T);
-  const int t = int(threadIdx.x) - kComputing;
-  return Lane{t >> runs_shift, (t & ((1 << runs_shift) - 1)) * V, kIssuers >> runs_shift};
+  const int t = int(threadIdx.x);
+  return Lane{t >> runs_shift, (t & ((1 << runs_shift) - 1)) * V, kThreads >> runs_shift};
 }
 template <typename T>
 __device__ __forceinline__ int runs_shift(int pass_shift) {
@@ -289,11 +251,6 @@ __device__ __forceinline__ void accumulate(Sums& acc, const T* weights, int stri
   }
 }
 
-// The computing threads' own barrier (the issuing threads never wait for them).
-__device__ __forceinline__ void computing_barrier() {
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kComputing) : "memory");
-}
-
 // 512 threads x 128 registers fill an SM's 64K: one block per SM, which is all its shared memory
 // holds at the toy and at V2-Lite anyway. (ptxas chose 64 under __launch_bounds__(512), and
 // spilled; a limit of 80 ran 6-7 % slower at V2-Lite.)
@@ -319,44 +276,31 @@ __global__ void __maxnreg__(128)
     latent[m * g.latent_stride + c] = 0.0f;
   }
 
-  // Slice q goes through stage q % stages. A stage's phase of `copied` completes when every issuing
-  // thread's copies into it have landed, of `written` when they have written its zeros (and the
-  // elements copied one at a time), of `used` when every computing thread is done with it, so
-  // that it may be refilled. Before a thread arrives on a stage's barrier again it waits for the
-  // phase it arrived on before (long complete: a formality that synccheck asks for).
-  __shared__ uint64_t copied[kMaxStages], written[kMaxStages], used[kMaxStages];
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < g.stages; ++i) {
-      mbarrier_init(&copied[i], kIssuers);
-      mbarrier_init(&written[i], kIssuers);
-      mbarrier_init(&used[i], kComputing);
-    }
-  }
-  __syncthreads();  // the block's only barrier: from here on issuers and computers meet on mbarriers
-
-  if (threadIdx.x >= kComputing) {  // issue every slice, each as soon as its stage is free
-    uint32_t lap = 0;  // parity of the laps of the ring so far
-    Position at{false, 0, 0, 0};
-    for (int q = 0; q < total; ++q, at = schedule.after(at), lap ^= at.stage == 0) {
-      if (q >= g.stages) {
-        mbarrier_wait(&used[at.stage], lap ^ 1);
-        mbarrier_wait(&copied[at.stage], lap ^ 1);
-        mbarrier_wait(&written[at.stage], lap ^ 1);
-      }
-      const Slice s = schedule[at];
-      issue(s, stage(s), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
-      mbarrier_arrive_on_copies(&copied[at.stage]);
-      mbarrier_arrive(&written[at.stage]);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    return;
+  // The ring: `ahead` slices are requested before any arithmetic, every slice when they all fit,
+  // else stages - 1 of them, the last stage being refilled as each slice is used. Each step
+  // commits one group (empty past the end), so "all but ahead - 1 groups done" means "slice q has
+  // landed".
+  const int ahead = total <= g.stages ? total : g.stages - 1;
+  auto fetch_slice = [&](const Position& at) {
+    const Slice s = schedule[at];
+    issue(s, stage(s), g, hidden, w_down, w_up_k, w_up_v, token0, tokens_here);
+  };
+  Position fetching{false, 0, 0, 0};
+  for (int q = 0; q < ahead; ++q, fetching = schedule.after(fetching)) {
+    fetch_slice(fetching);
+    mla::commit_copies();
   }
   Sums acc = {};
-  uint32_t lap = 0;
   Position computing{false, 0, 0, 0};
-  for (int q = 0; q < total; ++q, computing = schedule.after(computing), lap ^= computing.stage == 0) {
-    mbarrier_wait(&copied[computing.stage], lap);
-    mbarrier_wait(&written[computing.stage], lap);
+  for (int q = 0; q < total; ++q, computing = schedule.after(computing)) {
+    mla::wait_for_copies(ahead - 1);
+    __syncthreads();  // slice q is in, from every thread's copies; slice q - 1's stage is free
+    if (q + ahead < total) {
+      fetch_slice(fetching);
+      fetching = schedule.after(fetching);
+    }
+    mla::commit_copies();
+
     const Slice s = schedule[computing];
     const Work w = work(s.pass_shift);
     const int pass_width = 1 << s.pass_shift;
@@ -370,20 +314,18 @@ __global__ void __maxnreg__(128)
                    s.rows, w.column, w.group, w.groups);
       }
     }
-    if (total > g.stages) {
-      if (q >= g.stages) mbarrier_wait(&used[s.stage], lap ^ 1);
-      mbarrier_arrive(&used[s.stage]);
-    }
     if (!s.ends_pass) continue;
 
     // End of a pass: add the depth groups' partial sums, then keep (GEMM 1) or store (GEMM 2).
+    if (threadIdx.x < kComputing) {
 #pragma unroll
-    for (int m = 0; m < kTokens; ++m) {
-      *reinterpret_cast<float2*>(partial + (m * kComputing + threadIdx.x) * 2) = make_float2(acc[m][0], acc[m][1]);
-      acc[m][0] = acc[m][1] = 0.0f;
+      for (int m = 0; m < kTokens; ++m) {
+        *reinterpret_cast<float2*>(partial + (m * kComputing + threadIdx.x) * 2) = make_float2(acc[m][0], acc[m][1]);
+        acc[m][0] = acc[m][1] = 0.0f;
+      }
     }
-    computing_barrier();
-    for (int e = threadIdx.x; e < kTokens << s.pass_shift; e += kComputing) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTokens << s.pass_shift; e += kThreads) {
       const int m = e >> s.pass_shift, c = e & (pass_width - 1);
       if (c >= s.columns) continue;
       float sum = 0.0f;
@@ -394,7 +336,7 @@ __global__ void __maxnreg__(128)
         out[(token0 + m) * (2 * g.width) + s.column0 + c] = mla::from_float<T>(sum);
       }
     }
-    computing_barrier();  // the sums are read (and the latent written) before the next pass's
+    // The next write to `partial` ends the next pass, after at least one more barrier above.
   }
 }
 
@@ -454,16 +396,16 @@ cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const size_t fixed_bytes = sizeof(float) * kTokens * (2 * kComputing + size_t(g.latent_stride));
   if (size_t(limit) <= fixed_bytes) return cudaErrorInvalidValue;
-  const int64_t room = limit - int64_t(fixed_bytes) - int64_t(3 * kMaxStages * sizeof(uint64_t));  // (the mbarriers)
+  const int64_t room = limit - int64_t(fixed_bytes);
   auto stage_elements = [&](int64_t rows_down, int64_t rows_up) {
     return std::max(rows_down * (latent_pass + kTokens), rows_up * split.column_pass);
   };
   const int64_t passes = g.latent_passes + mla::ceil_div(column_tiles, split.splits);
   const int64_t whole = stage_elements(mla::round_up(p.d_model, 8), mla::round_up(p.rank, 8));
   constexpr int64_t kRunElements = 16 / sizeof(T);
-  // (a hidden row of a slice must fit one row of the issuing threads' 16-byte runs: kIssuers runs)
+  // (a hidden row of a slice must fit one row of threads' 16-byte runs: kThreads runs)
   if (passes <= kMaxStages && passes * whole * int64_t(sizeof(T)) <= room &&
-      mla::round_up(p.d_model, 8) <= kIssuers * kRunElements) {
+      mla::round_up(p.d_model, 8) <= kThreads * kRunElements) {
     g.stages = int(passes);
     g.rows_down = int(mla::round_up(p.d_model, 8));
     g.rows_up = int(mla::round_up(p.rank, 8));

@@ -11,6 +11,8 @@ in CORRECT again on the timed inputs):
 
   base        the committed kernel
   previous    the kernel before its copies were issued by shifts and pointer increments (020cef4)
+  at_7a5549b  256 threads that only issue copies and 256 that only compute, meeting on mbarriers
+              per slice (stop 24's experiment: V2-Lite 28-33 % faster, the toy unchanged)
   empty       returns at once (what a launch of this grid and shared memory costs)
   empty_nosmem  the same, launched without dynamic shared memory
   empty_smemN   the same, launched with N KiB of it (48, 100, 160, 220)
@@ -118,8 +120,8 @@ EDITS = {
 }
 PREVIOUS_COMMIT = "020cef4"  # copies placed by divisions, alignment tested per row
 CORRECT = ("base", "previous", "threads256", "tokens16", "computing512", "regs80", "issuers64", "issuers128", "issuers256",
-           "unroll2", "issuers128_unroll2", "tokens4", "ring", "ring6k")  # checked first
-VARIANTS = ("base", "previous", *EDITS)
+           "unroll2", "issuers128_unroll2", "tokens4", "ring", "ring6k", "at_7a5549b")  # checked first
+VARIANTS = ("base", "previous", "at_7a5549b", *EDITS)
 TIMED = (("toy fp32", TOY, torch.float32), ("toy bf16", TOY, torch.bfloat16),
          ("v2l-128 bf16", V2_LITE.with_tokens(1, 128), torch.bfloat16), ("v2l-4096 bf16", V2_LITE, torch.bfloat16))
 
