@@ -12,7 +12,7 @@ in CORRECT again on the timed inputs):
   base        the committed kernel
   previous    the kernel before its copies were issued by shifts and pointer increments (020cef4)
   at_7a5549b  256 threads that only issue copies and 256 that only compute, meeting on mbarriers
-              per slice (stop 24's experiment: V2-Lite 28-33 % faster, the toy unchanged)
+              per slice (stop 24's experiment: V2-Lite 28-33 % faster; the toy as fast in fp32, 4 % slower in bf16)
   empty       returns at once (what a launch of this grid and shared memory costs)
   empty_nosmem  the same, launched without dynamic shared memory
   empty_smemN   the same, launched with N KiB of it (48, 100, 160, 220)
