@@ -50,11 +50,14 @@ def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: st
     return write_source(build_dir / f"{name}.cu", text)
 
 
-def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str], shapes: Iterable[Shape]) -> dict:
-    """Builds each variant as its own library; checks those in `correct` (the others compute
-    garbage on purpose) on `shapes` in both dtypes, printing one line each."""
+def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str], shapes: Iterable[Shape],
+                    lab: str = "") -> dict:
+    """Builds each variant as its own library (named after `lab`, by default "labNN" for step NN),
+    run as step `step` runs (its limits); checks those in `correct` (the others compute garbage
+    on purpose) on `shapes` in both dtypes, printing one line each."""
     print(bench.device_line(), flush=True)
-    kernels = {name: steps.Kernel(steps.get(step), source, build.build_step(source, f"lab{step:02}_{name}", ()))
+    lab = lab or f"lab{step:02}"
+    kernels = {name: steps.Kernel(steps.get(step), source, build.build_step(source, f"{lab}_{name}", ()))
                for name, source in sources.items()}
     for name in (n for n in correct if n in kernels):
         verdicts = check.check_matrix(kernels[name], "cuda", tuple(shapes))
@@ -63,13 +66,16 @@ def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str],
 
 
 def run(step: int, sources: dict[str, Path], correct: Iterable[str], timed: Iterable[tuple[str, Shape, torch.dtype]],
-        with_peers: bool = True, digits: int = 1, after_row=None) -> int:
-    """A lab's whole run: build and check the variants on the toy, the quick shapes and V2-Lite at 128
-    tokens, then one timing row per (label, shape, dtype) by `bench.compare` (the variants in
-    `correct` checked again on that row's inputs, the others timed as they are);
-    `after_row(kernels, shape, dtype)` may report more about each row."""
+        with_peers: bool = True, digits: int = 1, after_row=None, shapes: Iterable[Shape] | None = None,
+        lab: str = "") -> int:
+    """A lab's whole run: build and check the variants on `shapes` (by default the toy, the quick
+    shapes and V2-Lite at 128 tokens), then one timing row per (label, shape, dtype) by
+    `bench.compare` (the variants in `correct` checked again on that row's inputs, the others
+    timed as they are); `after_row(kernels, shape, dtype)` may report more about each row."""
     correct = tuple(correct)
-    kernels = build_and_check(step, sources, correct, (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128)))
+    if shapes is None:
+        shapes = (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128))
+    kernels = build_and_check(step, sources, correct, shapes, lab)
     for label, shape, dtype in timed:
         timings = bench.compare(kernels, shape, dtype, with_peers=with_peers,
                                 unchecked=[name for name in kernels if name not in correct])

@@ -129,6 +129,7 @@ STEP4_LAB = _lab("step4")
 STEP5_LAB = _lab("step5")
 STEP6_LAB = _lab("step6")
 STEP7_LAB = _lab("step7")
+STEP8_LAB = _lab("step8")
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,13 @@ def test_lab_kernels_from_earlier_commits_still_build(lab, variant, tmp_path):
     kernels/ headers: they stay buildable."""
     result = compile_with_ptxas_report(lab.lab_source(variant), ARCHS, tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("variant", sorted(STEP8_LAB.VARIANTS))
+def test_step8_experiment_and_its_lab_variants_compile_for_sm90_without_spills(variant, tmp_path):
+    """experiments/step8/cluster.cu (sm_90: clusters, distributed shared memory) is no course step,
+    so no other test compiles it: it and each variant its lab times (NOTES.md's "Step 8 experiment")
+    stay buildable."""
+    result = compile_with_ptxas_report(STEP8_LAB.lab_source(variant), ["-gencode=arch=compute_90,code=sm_90"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
