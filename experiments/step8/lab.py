@@ -10,6 +10,7 @@ rounds (`bench.compare`):
 
     python experiments/step8/lab.py [VARIANT...]     # all of them by default
     python experiments/step8/lab.py --check [VARIANT...]   # build and check on the quick shapes (for compute-sanitizer)
+    python experiments/step8/lab.py --profile VARIANT      # 4 toy fp32 calls, no checks (for ncu --launch-skip 3)
 
   base        experiments/step8/cluster.cu
   step7       kernels/07_latency.cu, the course's kernel for the toy
@@ -31,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import check, steps  # noqa: E402
+from mla_lab import build, check, steps  # noqa: E402
 from mla_lab.problem import TOY, Shape, make_inputs  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
@@ -164,7 +165,21 @@ def timeline(kernel, shape, dtype) -> str:
     return "  ".join(shown)
 
 
+def profile(name: str) -> None:
+    """Builds one variant and calls it 4 times on the toy in fp32, nothing else on the GPU between."""
+    source = lab_source(name)
+    kernel = steps.Kernel(steps.get(AS_STEP), source, build.build_step(source, f"lab08_{name}", ()))
+    inputs = make_inputs(TOY, torch.float32, "cuda", 0)
+    out = torch.empty(TOY.out_shape, device="cuda")
+    for _ in range(4):
+        kernel(*inputs, TOY.heads, out=out)
+    torch.cuda.synchronize()
+
+
 def main(names: list[str]) -> int:
+    if names[:1] == ["--profile"] and len(names) == 2:
+        profile(names[1])
+        return 0
     if names[:1] == ["--check"]:
         names = names[1:] or ["base"]
         labkit.build_and_check(AS_STEP, {name: lab_source(name) for name in names}, CORRECT, QUICK, "lab08")
