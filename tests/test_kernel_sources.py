@@ -5,14 +5,19 @@ missing the test fails rather than skips under CI=true: a compile check that nev
 """
 
 import importlib.util
+import json
 import os
+import random
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 from torch.utils import cpp_extension
 
+from mla_lab import check
+from mla_lab.problem import Shape
 from mla_lab.steps import EXERCISES_DIR, KERNELS_DIR, REPO, SOLUTIONS_DIR, STEPS
 
 SOURCES = sorted([*KERNELS_DIR.glob("*.cu"), *SOLUTIONS_DIR.glob("*.cu"), *EXERCISES_DIR.glob("*.cu")])
@@ -188,3 +193,38 @@ def test_step8_experiment_and_its_lab_variants_compile_for_sm90_without_spills(v
     result = compile_with_ptxas_report(STEP8_LAB.lab_source(variant), ["-gencode=arch=compute_90,code=sm_90"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
+
+
+# Run with no GPU visible, so that the launcher returns before touching one: cudaErrorNotSupported
+# (801) where the shape exceeds its shared-memory budget, another error where it would go on.
+_LAUNCH_CODES = r"""
+import ctypes, json, sys
+class Problem(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in ("hidden", "w_down", "w_up_k", "w_up_v", "out")] + \
+               [(n, ctypes.c_int64) for n in ("tokens", "d_model", "rank", "heads", "head_dim")] + \
+               [("dtype", ctypes.c_int), ("workspace", ctypes.c_void_p)]
+launch = ctypes.CDLL(sys.argv[1]).mla_launch
+launch.argtypes = [ctypes.POINTER(Problem), ctypes.c_void_p]
+codes = [launch(ctypes.byref(Problem(None, None, None, None, None, 1, d, r, h, hd, dtype, None)), None)
+         for d, r, h, hd, dtype in json.loads(sys.stdin.read())]
+print(json.dumps(codes))
+"""
+
+
+def test_step8_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path):
+    """experiments/step8/lab.py picks the shapes to check by a copy of the kernel's shared-memory
+    arithmetic (`fits`); the kernel's launcher refuses the others. The two must agree."""
+    library = tmp_path / "cluster.so"
+    result = run_nvcc(REPO / "experiments" / "step8" / "cluster.cu", ["-gencode=arch=compute_90,code=sm_90"],
+                      library, "-shared", "-Xcompiler", "-fPIC")
+    assert result.returncode == 0, result.stderr
+    rng = random.Random(8)
+    shapes = [(rng.randint(1, 3000), rng.randint(1, 600), rng.randint(1, 24), rng.randint(1, 160)) for _ in range(400)]
+    shapes += [(s.d_model, s.rank, s.heads, s.head_dim) for s in (*STEP8_LAB.CHECKED, *check.SHAPE_MATRIX)]
+    cases = [(*shape, dtype) for shape in shapes for dtype in (0, 1)]  # MLA_FLOAT32, MLA_BFLOAT16
+    run = subprocess.run([sys.executable, "-c", _LAUNCH_CODES, str(library)], input=json.dumps(cases),
+                         capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=True)
+    refused = [code == 801 for code in json.loads(run.stdout)]
+    expected = [not STEP8_LAB.fits(Shape(1, 1, d, r, h, hd), 4 if dtype == 0 else 2) for d, r, h, hd, dtype in cases]
+    assert refused == expected
+    assert any(refused) and not all(refused)
