@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from mla_abi import MLA_BFLOAT16, MlaProblem
 from mla_lab import bench, check, steps, sweep
 from mla_lab.grade import grade
 from mla_lab.problem import TOY, Inputs, Shape, make_inputs, oracle
@@ -130,12 +131,6 @@ def test_step6_takes_its_wgmma_path_where_it_applies():
         assert check.check(kernel, shape, torch.bfloat16, "cuda", trials=1).ok
 
 
-class _Problem(ctypes.Structure):  # kernels/mla_launch.h's MlaProblem
-    _fields_ = [*((name, ctypes.c_void_p) for name in ("hidden", "w_down", "w_up_k", "w_up_v", "out")),
-                *((name, ctypes.c_int64) for name in ("tokens", "d_model", "rank", "heads", "head_dim")),
-                ("dtype", ctypes.c_int), ("workspace", ctypes.c_void_p)]
-
-
 def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays():
     kernel = steps.load("hopper")
     if torch.cuda.get_device_capability() != (9, 0):
@@ -143,9 +138,9 @@ def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays
     shape = check.STEP6_EXCHANGE
     static = make_inputs(shape, torch.bfloat16, "cuda", seed=1)
     out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
-    problem = _Problem(*(t.data_ptr() for t in (*static, out)), shape.tokens, shape.d_model, shape.rank,
-                       shape.heads, shape.head_dim, 1, None)
-    workspace_bytes = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(_Problem))(kernel._workspace_address)
+    problem = MlaProblem(*(t.data_ptr() for t in (*static, out)), shape.tokens, shape.d_model, shape.rank,
+                         shape.heads, shape.head_dim, MLA_BFLOAT16, None)
+    workspace_bytes = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(MlaProblem))(kernel._workspace_address)
     assert workspace_bytes(ctypes.byref(problem)) > 0, "this shape should take the exchange path"
     kernel(*static, shape.heads, out=out)  # warm-up outside capture
     graph = torch.cuda.CUDAGraph()
