@@ -27,7 +27,7 @@ def kernel_at(commit: str, kernel_file: str) -> str:
 
 def write_source(path: Path, text: str) -> Path:
     """Writes a variant's source, leaving the file (and so its build) alone when it is unchanged."""
-    path.parent.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path

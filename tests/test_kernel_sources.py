@@ -125,8 +125,8 @@ def test_no_vector_store_is_split_into_4_byte_stores(source, tmp_path):
     assert split_stores(ptx.read_text()) == []
 
 
-def _lab(step: str):
-    spec = importlib.util.spec_from_file_location(f"{step}_lab", REPO / "experiments" / step / "lab.py")
+def _lab(step: str, script: str = "lab.py"):
+    spec = importlib.util.spec_from_file_location(f"{step}_{Path(script).stem}", REPO / "experiments" / step / script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -137,6 +137,7 @@ STEP5_LAB = _lab("step5")
 STEP6_LAB = _lab("step6")
 STEP7_LAB = _lab("step7")
 STEP8_LAB = _lab("step8")
+STEP8_BULK_LAB = _lab("step8", "bulk_lab.py")
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +199,18 @@ def test_step8_experiment_and_its_lab_variants_compile_for_sm90_without_spills(v
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
 
 
+# "step7" is kernels/07_latency.cu itself, compiled above.
+@pytest.mark.parametrize("variant", sorted(set(STEP8_BULK_LAB.VARIANTS) - {"step7"}))
+def test_step8_bulk_experiment_and_its_lab_variants_compile_for_sm90_without_spills(variant, tmp_path):
+    """experiments/step8/bulk_mma.cu (sm_90: TMA bulk copies, mma.sync) is no course step, so no
+    other test compiles it: it and each variant its lab times (NOTES.md's "Step 8 experiment 2")
+    stay buildable."""
+    result = compile_with_ptxas_report(STEP8_BULK_LAB.lab_source(variant), ["-gencode=arch=compute_90,code=sm_90"],
+                                       tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
+
+
 # Run with no GPU visible, so that the launcher returns before touching one: cudaErrorNotSupported
 # (801) where the shape exceeds its shared-memory budget, another error where it would go on.
 _LAUNCH_CODES = r"""
@@ -231,3 +244,28 @@ def test_step8_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path):
                 for d, r, h, hd, dtype in cases]
     assert refused == expected
     assert any(refused) and not all(refused)
+
+
+def test_step8_bulk_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path):
+    """experiments/step8/bulk_lab.py picks the shapes to check by a copy of the launcher's tests
+    (`fits`: sizes, and the shared-memory arithmetic); the launcher refuses the others before it
+    asks the GPU anything. The two must agree, at the shared-memory budget's edge too."""
+    library = tmp_path / "bulk_mma.so"
+    result = run_nvcc(REPO / "experiments" / "step8" / "bulk_mma.cu", ["-gencode=arch=compute_90,code=sm_90"],
+                      library, "-shared", "-Xcompiler", "-fPIC")
+    assert result.returncode == 0, result.stderr
+    rng = random.Random(8)
+    shapes = [(16 * rng.randint(1, 40) + rng.choice((0, 0, 8)), 16 * rng.randint(1, 40) + rng.choice((0, 0, 4)),
+               rng.randint(1, 24), rng.choice((8, 16, 24, 32, 12, 7, 128))) for _ in range(300)]
+    # rank 128, 2 x 64 columns: 128 bytes under the budget in fp32; rank 144 is over it
+    shapes += [(256, 128, 2, 64), (256, 144, 2, 64), (512, 64, 2, 64), (512, 96, 2, 64)]
+    shapes += [(s.d_model, s.rank, s.heads, s.head_dim) for s in (*STEP8_BULK_LAB.FITTING, *check.SHAPE_MATRIX)]
+    cases = [(*shape, dtype) for shape in shapes for dtype in (MLA_FLOAT32, MLA_BFLOAT16)]
+    run = subprocess.run([sys.executable, "-c", _LAUNCH_CODES, str(library), str(Path(__file__).parent)],
+                         input=json.dumps(cases),
+                         capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=True)
+    refused = [code == 801 for code in json.loads(run.stdout)]
+    expected = [not STEP8_BULK_LAB.fits(Shape(1, 1, d, r, h, hd), 4 if dtype == MLA_FLOAT32 else 2)
+                for d, r, h, hd, dtype in cases]
+    assert refused == expected
+    assert refused.count(True) > 50 and refused.count(False) > 50
