@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from mla_lab import bench, build, check, steps
-from mla_lab.problem import TOY, V2_LITE, Shape
+from mla_lab.problem import TOY, V2_LITE, Shape, make_inputs
 
 # variant -> ((text in the kernel file, what replaces it), ...)
 Edits = dict[str, tuple[tuple[str, str], ...]]
@@ -83,3 +83,34 @@ def run(step: int, sources: dict[str, Path], correct: Iterable[str], timed: Iter
         if after_row is not None:
             after_row(kernels, shape, dtype)
     return 0
+
+
+def call_for_a_profiler(step: int, source: Path, lab: str, shape: Shape, dtype: torch.dtype, calls: int = 4) -> None:
+    """Builds `source` (run as step `step` runs) and calls it `calls` times on `shape`, nothing else
+    on the GPU between (for `ncu --launch-skip {calls - 1} --launch-count 1`)."""
+    kernel = steps.Kernel(steps.get(step), source, build.build_step(source, lab, ()))
+    inputs = make_inputs(shape, dtype, "cuda", 0)
+    out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
+    for _ in range(calls):
+        kernel(*inputs, shape.heads, out=out)
+    torch.cuda.synchronize()
+
+
+def step8_lab_source(name: str, kernel_file: str, edits: Edits, build_dir: Path) -> Path:
+    """A step 8 lab's variant: "step7" is kernels/07_latency.cu as it is (the course's kernel for
+    the toy, timed beside), any other name kernel_file with that variant's edits."""
+    if name == "step7":
+        return steps.get(7).source()
+    return edited_source(kernel_file, name, edits, "HEAD", build_dir)
+
+
+def marks_of(kernel, shape: Shape, dtype: torch.dtype, per_block: int) -> torch.Tensor:
+    """A timeline variant's marks from one call on fresh inputs: the int64 words it wrote over a
+    zeroed output, `per_block` to a row (rows past the grid's blocks stay 0), as float64 on the CPU."""
+    inputs = make_inputs(shape, dtype, "cuda", 0)
+    out = torch.zeros(shape.out_shape, dtype=dtype, device="cuda")
+    kernel(*inputs, shape.heads, out=out)
+    torch.cuda.synchronize()
+    words = out.view(-1).view(torch.int64)
+    rows = words.numel() // per_block
+    return words[: rows * per_block].view(rows, per_block).double().cpu()

@@ -225,24 +225,31 @@ print(json.dumps(codes))
 """
 
 
-def test_step8_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path):
-    """experiments/step8/lab.py picks the shapes to check by a copy of the kernel's shared-memory
-    arithmetic (`fits`); the kernel's launcher refuses the others. The two must agree."""
-    library = tmp_path / "cluster.so"
-    result = run_nvcc(REPO / "experiments" / "step8" / "cluster.cu", ["-gencode=arch=compute_90,code=sm_90"],
+def refusals_and_fits(experiment: str, lab, shapes: list[tuple[int, int, int, int]], tmp_path):
+    """For each (d_model, rank, heads, head_dim) of `shapes` in both dtypes: whether the launcher of
+    experiments/step8/`experiment` (compiled with nvcc, called with no GPU visible) refuses it, and
+    whether `lab.fits` says it fits."""
+    library = tmp_path / "experiment.so"
+    result = run_nvcc(REPO / "experiments" / "step8" / experiment, ["-gencode=arch=compute_90,code=sm_90"],
                       library, "-shared", "-Xcompiler", "-fPIC")
     assert result.returncode == 0, result.stderr
-    rng = random.Random(8)
-    shapes = [(rng.randint(1, 3000), rng.randint(1, 600), rng.randint(1, 24), rng.randint(1, 160)) for _ in range(400)]
-    shapes += [(s.d_model, s.rank, s.heads, s.head_dim) for s in (*STEP8_LAB.CHECKED, *check.SHAPE_MATRIX)]
     cases = [(*shape, dtype) for shape in shapes for dtype in (MLA_FLOAT32, MLA_BFLOAT16)]
     run = subprocess.run([sys.executable, "-c", _LAUNCH_CODES, str(library), str(Path(__file__).parent)],
                          input=json.dumps(cases),
                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=True)
     refused = [code == 801 for code in json.loads(run.stdout)]
-    expected = [not STEP8_LAB.fits(Shape(1, 1, d, r, h, hd), 4 if dtype == MLA_FLOAT32 else 2)
-                for d, r, h, hd, dtype in cases]
-    assert refused == expected
+    fits = [lab.fits(Shape(1, 1, d, r, h, hd), 4 if dtype == MLA_FLOAT32 else 2) for d, r, h, hd, dtype in cases]
+    return refused, fits
+
+
+def test_step8_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path):
+    """experiments/step8/lab.py picks the shapes to check by a copy of the kernel's shared-memory
+    arithmetic (`fits`); the kernel's launcher refuses the others. The two must agree."""
+    rng = random.Random(8)
+    shapes = [(rng.randint(1, 3000), rng.randint(1, 600), rng.randint(1, 24), rng.randint(1, 160)) for _ in range(400)]
+    shapes += [(s.d_model, s.rank, s.heads, s.head_dim) for s in (*STEP8_LAB.CHECKED, *check.SHAPE_MATRIX)]
+    refused, fits = refusals_and_fits("cluster.cu", STEP8_LAB, shapes, tmp_path)
+    assert refused == [not f for f in fits]
     assert any(refused) and not all(refused)
 
 
@@ -250,22 +257,12 @@ def test_step8_bulk_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path
     """experiments/step8/bulk_lab.py picks the shapes to check by a copy of the launcher's tests
     (`fits`: sizes, and the shared-memory arithmetic); the launcher refuses the others before it
     asks the GPU anything. The two must agree, at the shared-memory budget's edge too."""
-    library = tmp_path / "bulk_mma.so"
-    result = run_nvcc(REPO / "experiments" / "step8" / "bulk_mma.cu", ["-gencode=arch=compute_90,code=sm_90"],
-                      library, "-shared", "-Xcompiler", "-fPIC")
-    assert result.returncode == 0, result.stderr
     rng = random.Random(8)
     shapes = [(16 * rng.randint(1, 40) + rng.choice((0, 0, 8)), 16 * rng.randint(1, 40) + rng.choice((0, 0, 4)),
                rng.randint(1, 24), rng.choice((8, 16, 24, 32, 12, 7, 128))) for _ in range(300)]
     # rank 128, 2 x 64 columns: 128 bytes under the budget in fp32; rank 144 is over it
     shapes += [(256, 128, 2, 64), (256, 144, 2, 64), (512, 64, 2, 64), (512, 96, 2, 64)]
     shapes += [(s.d_model, s.rank, s.heads, s.head_dim) for s in (*STEP8_BULK_LAB.FITTING, *check.SHAPE_MATRIX)]
-    cases = [(*shape, dtype) for shape in shapes for dtype in (MLA_FLOAT32, MLA_BFLOAT16)]
-    run = subprocess.run([sys.executable, "-c", _LAUNCH_CODES, str(library), str(Path(__file__).parent)],
-                         input=json.dumps(cases),
-                         capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=True)
-    refused = [code == 801 for code in json.loads(run.stdout)]
-    expected = [not STEP8_BULK_LAB.fits(Shape(1, 1, d, r, h, hd), 4 if dtype == MLA_FLOAT32 else 2)
-                for d, r, h, hd, dtype in cases]
-    assert refused == expected
+    refused, fits = refusals_and_fits("bulk_mma.cu", STEP8_BULK_LAB, shapes, tmp_path)
+    assert refused == [not f for f in fits]
     assert refused.count(True) > 50 and refused.count(False) > 50

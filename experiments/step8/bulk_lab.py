@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import build, check, steps  # noqa: E402
-from mla_lab.problem import TOY, Shape, make_inputs  # noqa: E402
+from mla_lab import check  # noqa: E402
+from mla_lab.problem import TOY, Shape  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build" / "bulk"
 KERNEL = "experiments/step8/bulk_mma.cu"
@@ -118,39 +118,20 @@ AS_STEP = 7
 
 
 def lab_source(name: str) -> Path:
-    if name == "step7":
-        return steps.get(7).source()
-    return labkit.edited_source(KERNEL, name, EDITS, "HEAD", BUILD)
+    return labkit.step8_lab_source(name, KERNEL, EDITS, BUILD)
 
 
 def timeline(kernel, shape, dtype) -> str:
     """The timeline variant's marks from one call: median (max) over the blocks."""
-    inputs = make_inputs(shape, dtype, "cuda", 0)
-    out = torch.zeros(shape.out_shape, dtype=dtype, device="cuda")  # blocks that do not exist mark nothing
-    kernel(*inputs, shape.heads, out=out)
-    torch.cuda.synchronize()
-    marks = out.view(-1).view(torch.int64)
-    blocks = marks.numel() // MARKS
-    marks = marks[: blocks * MARKS].view(blocks, MARKS)
-    marks = marks[marks[:, -1] == 1, : len(PHASES)].double().cpu()  # the blocks the grid had
+    marks = labkit.marks_of(kernel, shape, dtype, MARKS)
+    marks = marks[marks[:, -1] == 1, : len(PHASES)]  # the blocks the grid had (their last word is 1)
     return f"{marks.shape[0]} blocks: " + "  ".join(
         f"{name} {column.median():,.0f} ({column.max():,.0f})" for name, column in zip(PHASES, marks.T))
 
 
-def profile(name: str, dtype: torch.dtype) -> None:
-    """Builds one variant and calls it 4 times on the toy, nothing else on the GPU between."""
-    source = lab_source(name)
-    kernel = steps.Kernel(steps.get(AS_STEP), source, build.build_step(source, f"lab08b_{name}", ()))
-    inputs = make_inputs(TOY, dtype, "cuda", 0)
-    out = torch.empty(TOY.out_shape, dtype=dtype, device="cuda")
-    for _ in range(4):
-        kernel(*inputs, TOY.heads, out=out)
-    torch.cuda.synchronize()
-
-
 def main(names: list[str]) -> int:
     if names[:1] == ["--profile"] and len(names) == 3:
-        profile(names[1], getattr(torch, names[2]))
+        labkit.call_for_a_profiler(AS_STEP, lab_source(names[1]), f"lab08b_{names[1]}", TOY, getattr(torch, names[2]))
         return 0
     if names[:1] == ["--check"]:
         names = names[1:] or ["base"]

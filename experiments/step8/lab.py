@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import build, check, steps  # noqa: E402
-from mla_lab.problem import TOY, Shape, make_inputs  # noqa: E402
+from mla_lab import check, steps  # noqa: E402
+from mla_lab.problem import TOY, Shape  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 KERNEL = "experiments/step8/cluster.cu"
@@ -144,20 +144,14 @@ AS_STEP = 7
 
 
 def lab_source(name: str) -> Path:
-    if name == "step7":
-        return steps.get(7).source()
-    return labkit.edited_source(KERNEL, name, EDITS, "HEAD", BUILD)
+    return labkit.step8_lab_source(name, KERNEL, EDITS, BUILD)
 
 
 def timeline(kernel, shape, dtype) -> str:
     """A timeline variant's marks from one call: thread 0's clock64 cycles at the end of each phase,
     median and max over the blocks."""
-    inputs = make_inputs(shape, dtype, "cuda", 0)
-    out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
-    kernel(*inputs, shape.heads, out=out)
-    torch.cuda.synchronize()
     blocks = -(-shape.tokens // 32) * 8  # token tiles of 32 (kTokens), 8 blocks each (kCluster)
-    marks = out.view(-1).view(torch.int64)[: blocks * 16].view(blocks, 16).double().cpu()
+    marks = labkit.marks_of(kernel, shape, dtype, 16)[:blocks]
     shown = []
     for name, column in zip(PHASES, marks.T):
         if bool((column >= 0).all()):
@@ -165,20 +159,9 @@ def timeline(kernel, shape, dtype) -> str:
     return "  ".join(shown)
 
 
-def profile(name: str) -> None:
-    """Builds one variant and calls it 4 times on the toy in fp32, nothing else on the GPU between."""
-    source = lab_source(name)
-    kernel = steps.Kernel(steps.get(AS_STEP), source, build.build_step(source, f"lab08_{name}", ()))
-    inputs = make_inputs(TOY, torch.float32, "cuda", 0)
-    out = torch.empty(TOY.out_shape, device="cuda")
-    for _ in range(4):
-        kernel(*inputs, TOY.heads, out=out)
-    torch.cuda.synchronize()
-
-
 def main(names: list[str]) -> int:
     if names[:1] == ["--profile"] and len(names) == 2:
-        profile(names[1])
+        labkit.call_for_a_profiler(AS_STEP, lab_source(names[1]), f"lab08_{names[1]}", TOY, torch.float32)
         return 0
     if names[:1] == ["--check"]:
         names = names[1:] or ["base"]
