@@ -15,7 +15,7 @@ graph replay, median µs, in interleaved rounds (`bench.compare`):
   step7       kernels/07_latency.cu, the course's kernel for the toy
   splits2     2 blocks per token tile (k and v)
   splits8     the most blocks per token tile, up to 8, in one wave or not
-  down_whole  w_down in one bulk copy instead of 4 KB ones over the issuing warp
+  down_whole  w_down in one bulk copy instead of 4 KB ones spread over the issuing threads
   down_1k     w_down in 1 KB copies
   threads512  16 warps instead of 8
   issuers32, issuers64, issuers512   the copies issued by 1, 2 or 16 warps instead of 4
@@ -40,8 +40,8 @@ from mla_lab.problem import TOY, Shape  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build" / "bulk"
 KERNEL = "experiments/step8/bulk_mma.cu"
-PHASES = ("barriers set up", "copies issued", "zeroed", "operands landed", "GEMM 1 item 1 (thread 0's warp)",
-          "its latent added", "every warp's added", "up landed", "GEMM 2")
+PHASES = ("barriers set up", "copies issued", "zeroed", "operands landed", "GEMM 1, thread 0's warp's part",
+          "its part stored", "every part added", "up landed", "GEMM 2")
 MARKS = 12  # kMarks in bulk_mma.cu
 
 # Each operand in one bulk copy, its rows unpadded (so the results are garbage): does the number

@@ -15,7 +15,7 @@
 //   in 4 KB chunks, each hidden row and each row of the up slice (rows padded by 16 bytes in
 //   shared memory, so that ldmatrix's 8 rows fall in different banks). They complete on two
 //   mbarriers, GEMM 1's operands and the up slice, which lands while GEMM 1 runs. A warp-wide
-//   bulk copy runs as a loop over its lanes, about 60 cycles per copy, so 4 warps issue them
+//   bulk copy runs as a loop over its lanes, 60-70 cycles per copy, so 4 warps issue them
 //   (one warp: 1 µs slower at the toy).
 // - GEMM 1 (16 tokens x rank, depth d_model) is split over the warps by pairs of 8-column tiles
 //   and by parts of the depth; each part stores its fp32 tile and the parts are added after a
