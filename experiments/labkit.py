@@ -36,7 +36,10 @@ def write_source(path: Path, text: str) -> Path:
 def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: str, build_dir: Path) -> Path:
     """The kernel file (its path in the repository) with variant `name`'s edits, or as
     `previous_commit` had it ("previous"), or as commit C had it ("at_C"), written to build_dir;
-    fails loudly when the kernel no longer has the text an edit replaces."""
+    fails loudly when the kernel no longer has the text an edit replaces. "stepN" is course step
+    N's own file as it is (an experiment's lab times it beside)."""
+    if name.startswith("step") and name[4:].isdigit():
+        return steps.get(int(name[4:])).source()
     if name == "previous":
         text = kernel_at(previous_commit, kernel_file)
     elif name.startswith("at_"):
@@ -94,14 +97,6 @@ def call_for_a_profiler(step: int, source: Path, lab: str, shape: Shape, dtype: 
     for _ in range(calls):
         kernel(*inputs, shape.heads, out=out)
     torch.cuda.synchronize()
-
-
-def step8_lab_source(name: str, kernel_file: str, edits: Edits, build_dir: Path) -> Path:
-    """A step 8 lab's variant: "step7" is kernels/07_latency.cu as it is (the course's kernel for
-    the toy, timed beside), any other name kernel_file with that variant's edits."""
-    if name == "step7":
-        return steps.get(7).source()
-    return edited_source(kernel_file, name, edits, "HEAD", build_dir)
 
 
 def marks_of(kernel, shape: Shape, dtype: torch.dtype, per_block: int) -> torch.Tensor:

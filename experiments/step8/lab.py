@@ -144,7 +144,7 @@ AS_STEP = 7
 
 
 def lab_source(name: str) -> Path:
-    return labkit.step8_lab_source(name, KERNEL, EDITS, BUILD)
+    return labkit.edited_source(KERNEL, name, EDITS, "HEAD", BUILD)  # no "previous" variant
 
 
 def timeline(kernel, shape, dtype) -> str:
