@@ -1,5 +1,6 @@
 """The harness must pass the reference and catch every planted fault, each with its reason."""
 
+import importlib.util
 from types import SimpleNamespace
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from mla_lab import check
 from mla_lab.problem import Shape, oracle, reference
+from mla_lab.steps import REPO
 
 SHAPE = Shape(2, 5, 33, 7, 3, 5)
 DTYPES = [torch.float32, torch.bfloat16]
@@ -154,3 +156,15 @@ def test_the_tf32_tolerance_still_rejects_a_kernel_that_drops_one_term_of_a_long
     verdict = check.compare(tf32_emulation(hidden, *inputs[1:], shape.heads).float(),
                             oracle(inputs, shape.heads), torch.float32, shape, check.TF32_TOLERANCE)
     assert not verdict.ok, verdict
+
+
+def test_the_tf32_rounding_emulation_reproduces_the_sweeps_tf32_error():
+    """experiments/tf32/rounding.py, which predicts the TF32 experiment's error (kernels/NOTES.md),
+    gives step 5's rounding the error the sweep measured for step 5 and cuBLAS TF32 at V2-Lite
+    (4.1e-4 at every token count), and orders the three roundings as their bias says."""
+    spec = importlib.util.spec_from_file_location("tf32_rounding", REPO / "experiments" / "tf32" / "rounding.py")
+    rounding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rounding)
+    errors = [rounding.error(32, 0, *case) for case in rounding.CASES.values()]
+    assert 3.5e-4 < errors[0] < 4.8e-4
+    assert errors[0] < errors[1] < errors[2]

@@ -18,7 +18,7 @@ import pytest
 from torch.utils import cpp_extension
 
 from mla_abi import MLA_BFLOAT16, MLA_FLOAT32
-from mla_lab import check
+from mla_lab import check, steps
 from mla_lab.problem import Shape
 from mla_lab.steps import EXERCISES_DIR, KERNELS_DIR, REPO, SOLUTIONS_DIR, STEPS
 
@@ -138,6 +138,7 @@ STEP6_LAB = _lab("step6")
 STEP7_LAB = _lab("step7")
 STEP8_LAB = _lab("step8")
 STEP8_BULK_LAB = _lab("step8", "bulk_lab.py")
+TF32_LAB = _lab("tf32")
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +210,19 @@ def test_step8_bulk_experiment_and_its_lab_variants_compile_for_sm90_without_spi
                                        tmp_path)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
+
+
+# "step5" is solutions/ex04_tensor_cores.cu itself, compiled above.
+@pytest.mark.parametrize("variant", sorted(set(TF32_LAB.VARIANTS) - {"step5"}))
+def test_tf32_experiment_and_its_lab_variants_compile_for_sm90a_keeping_every_wgmma(variant, tmp_path):
+    """experiments/tf32/two_gemms.cu (sm_90a: TF32 wgmma) is no course step, so no other test
+    compiles it: it and each variant its lab times (NOTES.md's "Step 9 experiment") stay buildable
+    without spills, and every GEMM kernel in it keeps its 4 wgmmas per 32-deep stage."""
+    result = compile_with_ptxas_report(TF32_LAB.lab_source(variant), steps.HOPPER_ARCH_FLAGS, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
+    gemm_kernels = len(re.findall(r"Compiling entry function '\w*gemm_kernel", result.stderr))
+    assert gemm_kernels == 2 and wgmma_instructions(tmp_path / "step.o") == 4 * gemm_kernels
 
 
 # Run with no GPU visible, so that the launcher returns before touching one: cudaErrorNotSupported

@@ -1,0 +1,143 @@
+"""Step 9 experiment (experiments/tf32/two_gemms.cu: fp32 inputs as two TF32 wgmma GEMMs, the
+weights first transposed into the workspace, sm_90a) and its variants, timed beside step 5 (the
+course's TF32 step), eager, cuBLAS and cuBLAS with TF32 allowed on an H200: what kernels/NOTES.md
+("Step 9 experiment: TF32 on Hopper") reports.
+
+Each variant is two_gemms.cu with edits (failing loudly when the file no longer has the text an
+edit replaces). Those in CORRECT are checked first against float64 with NaN-poisoned outputs, on
+the shapes the launcher takes (FITTING); every variant is then timed in one process on the same
+inputs, graph replay, median µs, in interleaved rounds (`bench.compare`). fp32 only: the
+experiment is for fp32 inputs.
+
+    python experiments/tf32/lab.py [VARIANT...]          # all of them by default
+    python experiments/tf32/lab.py --check [VARIANT...]  # the quick shapes only (for compute-sanitizer)
+    python experiments/tf32/lab.py --profile VARIANT     # 4 calls at V2-Lite 4096 tokens, no checks
+                                                          # (3 kernels a call: ncu --launch-skip 9 --launch-count 3)
+
+  base          two_gemms.cu: GEMM 1 in 128 x 128 tiles, GEMM 2 in 128 x 256
+  step5         kernels' step 5 (solutions/ex04_tensor_cores.cu), the course's TF32 step
+  gemm1_wide    GEMM 1 in 128 x 256 tiles (half the blocks, fewer bytes per FLOP)
+  gemm2_narrow  GEMM 2 in 128 x 128 tiles
+  gemm2_rows64  GEMM 2 in 64 x 256 tiles: the most token rows a fused TF32 block can hold
+  tfloat32_maps every TMA map typed TFLOAT32 instead of FLOAT32 (does TMA round hidden?)
+  transposes    the transposes alone (garbage: for timing only)
+  gemm1         GEMM 1 alone (garbage)
+  gemm2         GEMM 2 alone (garbage)
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
+import labkit  # noqa: E402
+from mla_lab import bench, build, check, layout, steps  # noqa: E402
+from mla_lab.problem import V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
+
+BUILD = Path(__file__).resolve().parent / "build"
+KERNEL = "experiments/tf32/two_gemms.cu"
+STEP = steps.Step(9, "tf32_gemms", "fp32 inputs as two TF32 wgmma GEMMs", "two_gemms.cu",
+                  fp32_math="tf32", arch_flags=steps.HOPPER_ARCH_FLAGS)
+
+PHASES = "constexpr bool kTransposes = true, kGemm1 = true, kGemm2 = true;"
+EDITS: labkit.Edits = {
+    "base": (),
+    "gemm1_wide": (("using Gemm1Tile = Tile<2, 128>;", "using Gemm1Tile = Tile<2, 256>;"),),
+    "gemm2_narrow": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<2, 128>;"),),
+    "gemm2_rows64": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<1, 256>;"),),
+    "tfloat32_maps": (("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"),),
+    "transposes": ((PHASES, "constexpr bool kTransposes = true, kGemm1 = false, kGemm2 = false;"),),
+    "gemm1": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = true, kGemm2 = false;"),),
+    "gemm2": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = false, kGemm2 = true;"),),
+}
+VARIANTS = ("base", "step5", *[name for name in EDITS if name != "base"])
+GARBAGE = ("transposes", "gemm1", "gemm2")
+CORRECT = tuple(name for name in VARIANTS if name not in GARBAGE)
+
+
+def fits(shape: Shape) -> bool:
+    """Mirrors two_gemms.cu's `takes` for fp32 inputs: TMA rows start 16-byte aligned."""
+    return shape.d_model % 4 == 0 and shape.rank % 4 == 0
+
+
+ODD = (
+    Shape(1, 5, 132, 20, 3, 7),  # odd tokens, heads and head_dim; d_model 4 past a 32-deep stage
+    Shape(2, 3, 36, 12, 1, 1),  # one head of width 1: GEMM 2 has 2 columns
+)
+FITTING = tuple(shape for shape in check.SHAPE_MATRIX if fits(shape)) + ODD
+QUICK = tuple(shape for shape in check.QUICK_SHAPES if fits(shape)) + ODD
+TIMED = (
+    ("V2-Lite 512", V2_LITE.with_tokens(1, 512)),
+    ("V2-Lite 4096", V2_LITE.with_tokens(1, 4096)),
+    ("V2-Lite 8192", V2_LITE.with_tokens(1, 8192)),
+    ("V3-TP8 4096", V3_TP8),
+    ("V3 16384", V3.with_tokens(1, 16384)),
+)
+
+
+class CublasTf32:
+    """The sweep's "cuBLAS concat TF32" peer: two cuBLAS GEMMs with TF32 allowed, through
+    [w_up_k | w_up_v] concatenated once per pair of weights (outside the timing, as bench.peers does)."""
+
+    fp32_math = "tf32"
+
+    def __init__(self) -> None:
+        self._concatenated: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, hidden, w_down, w_up_k, w_up_v, heads, out=None):
+        key = (w_up_k.data_ptr(), w_up_v.data_ptr())
+        if key not in self._concatenated:
+            self._concatenated[key] = layout.concat_weights(w_up_k, w_up_v)
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return layout.concat_projection(hidden, w_down, self._concatenated[key], heads, out)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def lab_source(name: str) -> Path:
+    """The .cu file variant `name` builds from."""
+    return labkit.edited_source(KERNEL, name, EDITS, "HEAD", BUILD)
+
+
+def kernel(name: str) -> steps.Kernel:
+    if name == "step5":
+        return steps.load(5)
+    source = lab_source(name)
+    return steps.Kernel(STEP, source, build.build_step(source, f"tf32_{name}", STEP.arch_flags))
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--profile"]:
+        name = argv[1]
+        built = kernel(name)
+        shape = V2_LITE.with_tokens(1, 4096)
+        inputs = make_inputs(shape, torch.float32, "cuda", 0)
+        out = torch.empty(shape.out_shape, dtype=torch.float32, device="cuda")
+        for _ in range(4):
+            built(*inputs, shape.heads, out=out)
+        torch.cuda.synchronize()
+        return 0
+    quick = argv[:1] == ["--check"]
+    names = [name for name in argv if not name.startswith("--")] or list(VARIANTS)
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; the variants are {', '.join(VARIANTS)}")
+    print(bench.device_line(), flush=True)
+    kernels = {name: kernel(name) for name in names}
+    for name in (n for n in names if n in CORRECT):
+        verdicts = check.check_matrix(kernels[name], "cuda", QUICK if quick else FITTING, dtypes=(torch.float32,))
+        print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
+    if quick:
+        return 0
+    kernels["cuBLAS concat TF32"] = CublasTf32()
+    for label, shape in TIMED:
+        timings = bench.compare(kernels, shape, torch.float32,
+                                unchecked=[name for name in names if name in GARBAGE])
+        print(f"{label:13} " + " | ".join(f"{t.name} {t.median_us:.1f}" for t in timings), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

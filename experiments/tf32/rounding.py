@@ -1,0 +1,50 @@
+"""What TF32 rounding costs the projection, emulated on the CPU (no GPU needed): the relative
+Frobenius error against float64 when each operand reaches the tensor cores rounded to nearest
+TF32 (`cvt.rna`) or with its low 13 bits dropped, products summed exactly (float64), the latent
+stored as fp32 in between. kernels/NOTES.md ("Step 9 experiment") uses it to predict the error of
+experiments/tf32/two_gemms.cu, which rounds the weights and the latent but not hidden.
+
+    python experiments/tf32/rounding.py [TOKENS]   # V2-Lite widths, 256 tokens by default
+"""
+import sys
+
+import torch
+
+from mla_lab.check import tf32_round as rounded
+from mla_lab.problem import V2_LITE, make_inputs
+
+
+def truncated(t: torch.Tensor) -> torch.Tensor:
+    """float32 values with the 13 low mantissa bits TF32 lacks dropped (toward zero)."""
+    return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def error(tokens: int, seed: int, hidden_as, weights_as, latent_as) -> float:
+    shape = V2_LITE.with_tokens(1, tokens)
+    hidden, w_down, w_up_k, w_up_v = make_inputs(shape, torch.float32, "cpu", seed)
+    rows = hidden.reshape(-1, shape.d_model)
+    w_cat = torch.cat([w_up_k, w_up_v], 1)
+    exact = (rows.double() @ w_down.double()) @ w_cat.double()
+    latent = (hidden_as(rows).double() @ weights_as(w_down).double()).float()
+    out = latent_as(latent).double() @ weights_as(w_cat).double()
+    return float((out - exact).norm() / exact.norm())
+
+
+# label -> how (hidden, the weights, the latent) reach the tensor cores
+CASES = {
+    "every operand rounded (step 5)": (rounded, rounded, rounded),
+    "hidden truncated, the rest rounded (two_gemms.cu)": (truncated, rounded, rounded),
+    "every operand truncated": (truncated, truncated, truncated),
+}
+
+
+def main(argv: list[str]) -> int:
+    tokens = int(argv[0]) if argv else 256
+    for label, rounding in CASES.items():
+        errors = [error(tokens, seed, *rounding) for seed in range(3)]
+        print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,343 @@
+// Step 9 experiment (not a course step): fp32 inputs on Hopper's TF32 tensor cores, as two GEMMs.
+//
+// Step 5 runs fp32 inputs on mma.sync in TF32 at a quarter of cuBLAS's speed (V2-Lite, 4096
+// tokens: 382 µs against 93), and step 6's wgmma takes bf16 only. Two things stand between wgmma
+// and fp32 inputs:
+// - wgmma reads TF32 operands from shared memory K-major only (the PTX ISA transposes 16-bit
+//   types alone), and the weights are stored with their N columns contiguous. So a first kernel
+//   writes each weight transposed, and rounded to TF32, into the workspace: at V2-Lite 12 MB
+//   read and written once per call.
+// - A fused block keeps its latent tile on chip, and 128 tokens x 512 fp32 is 256 KB, more than
+//   an SM's 227 KB. With 64-token blocks each weight byte in shared memory would serve half as
+//   many tokens: at the TF32 rate (2,048 FLOP per cycle per SM) a 64-token block needs 4 bytes x
+//   2,048 / (2 x 64) = 64 bytes per cycle of weights written into shared memory by TMA, and as
+//   many read by wgmma: all of the 128 bytes per cycle shared memory serves, if wgmma's reads
+//   count against it (kernels/NOTES.md). So the latent goes through global memory (8 MB at
+//   V2-Lite 4096 tokens, small enough to stay in the 50 MB L2), and each GEMM has 128-row tiles.
+// Both GEMMs are one kernel, C = A @ B^T with A (m x k) and B (n x k) row-major: TMA boxes 32 deep
+// (one 128-byte swizzled row of fp32) in a ring of stages, one producer thread, and consumer
+// warpgroups of 64 rows each. GEMM 1 rounds the latent to TF32 as it stores it; hidden reaches
+// the tensor cores as it is (experiments/tf32/rounding.py: if they drop its low bits, the error
+// is 5.5e-4 instead of step 5's 4.1e-4).
+//
+// Runs fp32 on an sm_90 GPU with d_model and rank multiples of 4 (TMA rows start 16-byte
+// aligned), hidden 16-byte and out 8-byte aligned.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "mla_common.cuh"
+
+namespace {
+
+constexpr int kChunk = 32;     // K per stage: one 128-byte swizzled row of fp32
+constexpr int kRowBytes = 128;
+constexpr int kSharedBudget = 227 * 1024;
+constexpr int kMostStages = 8;
+
+// A GEMM's block: 64 rows per consumer warpgroup, kBlockN columns, as many stages as fit.
+template <int kConsumers_, int kBlockN_>
+struct Tile {
+  static constexpr int kConsumers = kConsumers_, kBlockM = 64 * kConsumers_, kBlockN = kBlockN_;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kABytes = kBlockM * kRowBytes, kBBytes = kBlockN * kRowBytes;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kFit = (kSharedBudget - 1024 - 2 * kMostStages * 8) / kStageBytes;
+  static constexpr int kStages = kFit < kMostStages ? kFit : kMostStages;
+  static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+};
+using Gemm1Tile = Tile<2, 128>;  // V2-Lite 4096 tokens: 32 x 4 = 128 blocks
+using Gemm2Tile = Tile<2, 256>;  // V2-Lite 4096 tokens: 32 x 16 = 512 blocks
+
+// ---- mbarriers and TMA (as in step 6; they move to mla_common.cuh when step 8 does) ----------
+__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+
+// ---- wgmma ---------------------------------------------------------------------------------
+// x rounded to the nearest TF32 value (in fp32 bits), as step 5 rounds its operands.
+__device__ __forceinline__ uint32_t round_to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+// A K-major operand in 128-byte swizzled rows: groups of 8 rows 1024 bytes apart (the leading
+// offset is unused for this layout). PTX ISA, "Matrix Descriptor Format".
+__device__ __forceinline__ uint64_t descriptor(uint32_t address) {
+  return uint64_t((address & 0x3FFFF) >> 4) | uint64_t(16 >> 4) << 16 | uint64_t(1024 >> 4) << 32 | 1ull << 62;
+}
+
+#define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// d += A (64 x 8, K-major) @ B (8 x 128, K-major); both TF32 in shared memory.
+__device__ __forceinline__ void wgmma_tf32(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, accumulate, 1, 1;\n}\n"
+      : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
+        MLA_ACC8(48), MLA_ACC8(56)
+      : "l"(a), "l"(b), "r"(1));
+}
+// d += A (64 x 8, K-major) @ B (8 x 256, K-major); both TF32 in shared memory.
+__device__ __forceinline__ void wgmma_tf32(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, accumulate, 1, 1;\n}\n"
+      : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
+        MLA_ACC8(48), MLA_ACC8(56), MLA_ACC8(64), MLA_ACC8(72), MLA_ACC8(80), MLA_ACC8(88),
+        MLA_ACC8(96), MLA_ACC8(104), MLA_ACC8(112), MLA_ACC8(120)
+      : "l"(a), "l"(b), "r"(1));
+}
+#undef MLA_ACC8
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from touching the accumulators across asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// C (m x n, rows `pitch` apart) = A (m x k) @ B (n x k)^T, TF32 products summed in fp32; with
+// kRound, C is stored rounded to TF32 (it is the next GEMM's A).
+template <class T, bool kRound>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                float* __restrict__ c, int64_t m, int64_t n, int64_t k, int64_t pitch) {
+  extern __shared__ uint8_t shared_raw[];
+  // The swizzle is a function of address bits 4-9: every operand box starts 1024-aligned.
+  const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
+  const uint32_t full = base + T::kStages * T::kStageBytes, empty = full + 8 * T::kStages;
+  auto a_at = [&](int slot) { return base + uint32_t(slot) * T::kStageBytes; };
+  auto b_at = [&](int slot) { return a_at(slot) + T::kABytes; };
+  const int64_t m0 = int64_t(blockIdx.y) * T::kBlockM, n0 = int64_t(blockIdx.x) * T::kBlockN;
+  const int chunks = int(mla::ceil_div(k, kChunk));
+
+  if (threadIdx.x == 0) {
+    for (int slot = 0; slot < T::kStages; ++slot) {
+      barrier_init(full + 8 * slot, 1);
+      barrier_init(empty + 8 * slot, 4 * T::kConsumers);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // the producer: one thread issues every copy
+    if (threadIdx.x == 0) {
+      for (int chunk = 0; chunk < chunks; ++chunk) {
+        const int slot = chunk % T::kStages;
+        // A fresh barrier counts as having completed the phase before its first, so the first
+        // round of slots does not wait.
+        barrier_wait(empty + 8 * slot, (chunk / T::kStages & 1) ^ 1);
+        barrier_expect_bytes(full + 8 * slot, T::kStageBytes);  // boxes past an edge land zeros
+        tma_load(a_at(slot), a_map, chunk * kChunk, int(m0), full + 8 * slot);
+        tma_load(b_at(slot), b_map, chunk * kChunk, int(n0), full + 8 * slot);
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroups: rows 64 * consumer .. of the block's tile, every column. The next
+  // stage's wgmmas are issued before waiting for this one's, so the tensor cores never drain
+  // between stages, and stages go back to the producer one behind.
+  const int consumer = threadIdx.x / 128 - 1;
+  const bool warp_leader = threadIdx.x % 32 == 0;
+  float acc[T::kBlockN / 2];
+#pragma unroll
+  for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
+  fence_registers(acc);
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const int slot = chunk % T::kStages;
+    barrier_wait(full + 8 * slot, chunk / T::kStages & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int step = 0; step < kChunk / 8; ++step) {  // 8 fp32 deep: 32 bytes along the row
+      wgmma_tf32(acc, descriptor(a_at(slot) + consumer * 64 * kRowBytes + 32 * step),
+                 descriptor(b_at(slot) + 32 * step));
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (chunk > 0 && warp_leader) barrier_arrive(empty + 8 * ((chunk - 1) % T::kStages));
+  }
+  wgmma_wait<0>();
+  fence_registers(acc);
+
+  // wgmma's accumulator layout: this thread holds rows warp * 16 + lane / 4 (and + 8), columns
+  // 8 * i + 2 * (lane % 4) and + 1. n is even (rank, and 2 * width), so a pair never straddles it.
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int64_t row = m0 + consumer * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int i = 0; i < T::kBlockN / 8; ++i) {
+    const int64_t column = n0 + 8 * i + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (row + 8 * half < m && column < n) {
+        float x = acc[4 * i + 2 * half], y = acc[4 * i + 2 * half + 1];
+        if constexpr (kRound) x = __uint_as_float(round_to_tf32(x)), y = __uint_as_float(round_to_tf32(y));
+        mla::store_whole<mla::Space::kGlobal>(c + (row + 8 * half) * pitch + column,
+                                              make_uint2(__float_as_uint(x), __float_as_uint(y)));
+      }
+    }
+  }
+}
+
+// to[c][r] = from[r][c] rounded to TF32, for up to three matrices at once (blockIdx.z picks one).
+struct Transpose {
+  const float* from;
+  float* to;
+  int64_t rows, columns, to_pitch;  // `from` is dense: rows `columns` apart
+};
+struct Transposes {
+  Transpose job[3];
+};
+constexpr int kSide = 32;  // a block moves a 32 x 32 square through shared memory
+
+__global__ void __launch_bounds__(kSide * 8) transpose_kernel(const __grid_constant__ Transposes transposes) {
+  __shared__ float square[kSide][kSide + 1];  // + 1: a column's 32 values on 32 banks
+  const Transpose& t = transposes.job[blockIdx.z];
+  const int64_t r0 = int64_t(blockIdx.y) * kSide, c0 = int64_t(blockIdx.x) * kSide;
+  if (r0 >= t.rows || c0 >= t.columns) return;  // the grid covers the largest of the three
+  for (int i = threadIdx.y; i < kSide; i += 8) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < t.rows && c < t.columns) square[i][threadIdx.x] = t.from[r * t.columns + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kSide; i += 8) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (c < t.columns && r < t.rows) t.to[c * t.to_pitch + r] = __uint_as_float(round_to_tf32(square[threadIdx.x][i]));
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------
+PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      function = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+// A row-major fp32 matrix (rows x columns) read in swizzled boxes of box_rows x 32.
+bool make_map(CUtensorMap* map, const float* data, int64_t rows, int64_t columns, int box_rows) {
+  const cuuint64_t dims[2] = {cuuint64_t(columns), cuuint64_t(rows)};
+  const cuuint64_t row_stride[1] = {cuuint64_t(columns) * 4};
+  const cuuint32_t box[2] = {cuuint32_t(kChunk), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode_function()(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(data), dims, row_stride,
+                           box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <class T, bool kRound>
+cudaError_t gemm(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  CUtensorMap a_map, b_map;
+  if (!make_map(&a_map, a, m, k, T::kBlockM) || !make_map(&b_map, b, n, k, T::kBlockN)) return cudaErrorInvalidValue;
+  const auto kernel = gemm_kernel<T, kRound>;
+  const cudaError_t err = mla::allow_shared_memory(kernel, T::kSharedBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(unsigned(mla::ceil_div(n, T::kBlockN)), unsigned(mla::ceil_div(m, T::kBlockM)));
+  kernel<<<grid, T::kThreads, T::kSharedBytes, stream>>>(a_map, b_map, c, m, n, k, n);
+  return cudaGetLastError();
+}
+
+// The workspace: w_down^T (rank x d_model), [w_up_k | w_up_v]^T (2 * width x rank), the latent
+// (tokens x rank), each 256-byte aligned.
+struct Workspace {
+  int64_t down_t, up_t, latent, bytes;  // offsets and size in bytes
+};
+Workspace workspace_of(const MlaProblem* p) {
+  const int64_t width = p->heads * p->head_dim;
+  Workspace w;
+  w.down_t = 0;
+  w.up_t = mla::round_up(p->rank * p->d_model * 4, 256);
+  w.latent = w.up_t + mla::round_up(2 * width * p->rank * 4, 256);
+  w.bytes = w.latent + mla::round_up(p->tokens * p->rank * 4, 256);
+  return w;
+}
+
+bool takes(const MlaProblem* p) {
+  return p->dtype == MLA_FLOAT32 && p->d_model % 4 == 0 && p->rank % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(p->hidden) % 16 == 0 && reinterpret_cast<uintptr_t>(p->out) % 8 == 0 &&
+         encode_function() != nullptr;
+}
+
+}  // namespace
+
+extern "C" size_t mla_workspace_bytes(const MlaProblem* p) { return takes(p) ? size_t(workspace_of(p).bytes) : 0; }
+
+extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
+  if (!takes(p) || p->workspace == nullptr) return cudaErrorNotSupported;
+  const int64_t width = p->heads * p->head_dim;
+  const Workspace w = workspace_of(p);
+  auto* bytes = static_cast<uint8_t*>(p->workspace);
+  auto* down_t = reinterpret_cast<float*>(bytes + w.down_t);
+  auto* up_t = reinterpret_cast<float*>(bytes + w.up_t);
+  auto* latent = reinterpret_cast<float*>(bytes + w.latent);
+  const auto* w_down = static_cast<const float*>(p->w_down);
+
+  const Transposes transposes{{{w_down, down_t, p->d_model, p->rank, p->d_model},
+                               {static_cast<const float*>(p->w_up_k), up_t, p->rank, width, p->rank},
+                               {static_cast<const float*>(p->w_up_v), up_t + width * p->rank, p->rank, width, p->rank}}};
+  const int64_t most_rows = p->d_model > p->rank ? p->d_model : p->rank;
+  const int64_t most_columns = p->rank > width ? p->rank : width;
+  const dim3 squares(unsigned(mla::ceil_div(most_columns, kSide)), unsigned(mla::ceil_div(most_rows, kSide)), 3);
+  // Lab switch (experiments/tf32/lab.py times each kernel alone): which of the three run.
+  constexpr bool kTransposes = true, kGemm1 = true, kGemm2 = true;
+  cudaError_t err = cudaSuccess;
+  if (kTransposes) {
+    transpose_kernel<<<squares, dim3(kSide, 8), 0, stream>>>(transposes);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  if (kGemm1 && (err = gemm<Gemm1Tile, true>(static_cast<const float*>(p->hidden), down_t, latent, p->tokens,
+                                             p->rank, p->d_model, stream)) != cudaSuccess) {
+    return err;
+  }
+  return kGemm2 ? gemm<Gemm2Tile, false>(latent, up_t, static_cast<float*>(p->out), p->tokens, 2 * width,
+                                         p->rank, stream)
+                : cudaSuccess;
+}
