@@ -49,7 +49,7 @@ struct Tile {
 using Gemm1Tile = Tile<2, 128>;  // V2-Lite 4096 tokens: 32 x 4 = 128 blocks
 using Gemm2Tile = Tile<2, 256>;  // V2-Lite 4096 tokens: 32 x 16 = 512 blocks
 
-// ---- mbarriers and TMA (as in step 6; they move to mla_common.cuh when step 8 does) ----------
+// ---- mbarriers and TMA (as in step 6; with step 8 they move to kernels/mla_hopper.cuh) -------
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
