@@ -19,10 +19,13 @@ experiment is for fp32 inputs.
   gemm1_wide    GEMM 1 in 128 x 256 tiles (half the blocks, fewer bytes per FLOP)
   gemm2_narrow  GEMM 2 in 128 x 128 tiles
   gemm2_rows64  GEMM 2 in 64 x 256 tiles: the most token rows a fused TF32 block can hold
+  gemm2_two_per_sm  GEMM 2 in 64 x 128 tiles, 4 stages: two blocks per SM, so that one stores its
+                tile while the other computes
   tfloat32_maps every TMA map typed TFLOAT32 instead of FLOAT32 (does TMA round hidden?)
   transposes    the transposes alone (garbage: for timing only)
   gemm1         GEMM 1 alone (garbage)
   gemm2         GEMM 2 alone (garbage)
+  no_stores     both GEMMs with their stores predicated off at run time (garbage): what storing costs
 """
 import sys
 from pathlib import Path
@@ -45,13 +48,16 @@ EDITS: labkit.Edits = {
     "gemm1_wide": (("using Gemm1Tile = Tile<2, 128>;", "using Gemm1Tile = Tile<2, 256>;"),),
     "gemm2_narrow": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<2, 128>;"),),
     "gemm2_rows64": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<1, 256>;"),),
+    "gemm2_two_per_sm": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<1, 128, 4>;"),),
     "tfloat32_maps": (("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"),),
+    # k is never negative: no result is stored, but ptxas cannot know that, so it keeps every wgmma
+    "no_stores": (("      if (row + 8 * half < m && column < n) {", "      if (row + 8 * half < m && column < n && k < 0) {"),),
     "transposes": ((PHASES, "constexpr bool kTransposes = true, kGemm1 = false, kGemm2 = false;"),),
     "gemm1": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = true, kGemm2 = false;"),),
     "gemm2": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = false, kGemm2 = true;"),),
 }
 VARIANTS = ("base", "step5", *[name for name in EDITS if name != "base"])
-GARBAGE = ("transposes", "gemm1", "gemm2")
+GARBAGE = ("transposes", "gemm1", "gemm2", "no_stores")
 CORRECT = tuple(name for name in VARIANTS if name not in GARBAGE)
 
 

@@ -33,10 +33,10 @@ namespace {
 constexpr int kChunk = 32;     // K per stage: one 128-byte swizzled row of fp32
 constexpr int kRowBytes = 128;
 constexpr int kSharedBudget = 227 * 1024;
-constexpr int kMostStages = 8;
 
-// A GEMM's block: 64 rows per consumer warpgroup, kBlockN columns, as many stages as fit.
-template <int kConsumers_, int kBlockN_>
+// A GEMM's block: 64 rows per consumer warpgroup, kBlockN columns, as many stages as fit (at most
+// kMostStages; fewer let two blocks share an SM, one storing its tile while the other computes).
+template <int kConsumers_, int kBlockN_, int kMostStages = 8>
 struct Tile {
   static constexpr int kConsumers = kConsumers_, kBlockM = 64 * kConsumers_, kBlockN = kBlockN_;
   static constexpr int kThreads = 128 * (kConsumers + 1);
