@@ -18,7 +18,8 @@ experiment is for fp32 inputs.
   step5         kernels' step 5 (solutions/ex04_tensor_cores.cu), the course's TF32 step
   gemm1_wide    GEMM 1 in 128 x 256 tiles (half the blocks, fewer bytes per FLOP)
   gemm2_narrow  GEMM 2 in 128 x 128 tiles
-  gemm2_rows64  GEMM 2 in 64 x 256 tiles: the most token rows a fused TF32 block can hold
+  gemm2_rows64  GEMM 2 in 64 x 256 tiles, the two consumers splitting the columns: the block a
+                fused TF32 kernel would have (its latent tile holds 64 tokens)
   gemm2_two_per_sm  GEMM 2 in 64 x 128 tiles, 4 stages: two blocks per SM, so that one stores its
                 tile while the other computes
   tfloat32_maps every TMA map typed TFLOAT32 instead of FLOAT32 (does TMA round hidden?)
@@ -45,10 +46,10 @@ STEP = steps.Step(9, "tf32_gemms", "fp32 inputs as two TF32 wgmma GEMMs", "two_g
 PHASES = "constexpr bool kTransposes = true, kGemm1 = true, kGemm2 = true;"
 EDITS: labkit.Edits = {
     "base": (),
-    "gemm1_wide": (("using Gemm1Tile = Tile<2, 128>;", "using Gemm1Tile = Tile<2, 256>;"),),
-    "gemm2_narrow": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<2, 128>;"),),
-    "gemm2_rows64": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<1, 256>;"),),
-    "gemm2_two_per_sm": (("using Gemm2Tile = Tile<2, 256>;", "using Gemm2Tile = Tile<1, 128, 4>;"),),
+    "gemm1_wide": (("using Gemm1Tile = Tile<128, 128>;", "using Gemm1Tile = Tile<128, 256>;"),),
+    "gemm2_narrow": (("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<128, 128>;"),),
+    "gemm2_rows64": (("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<64, 256>;"),),
+    "gemm2_two_per_sm": (("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<64, 128, 4>;"),),
     "tfloat32_maps": (("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"),),
     # k is never negative: no result is stored, but ptxas cannot know that, so it keeps every wgmma
     "no_stores": (("      if (row + 8 * half < m && column < n) {", "      if (row + 8 * half < m && column < n && k < 0) {"),),

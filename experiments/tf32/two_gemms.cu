@@ -15,7 +15,7 @@
 //   count against it (kernels/NOTES.md). So the latent goes through global memory (8 MB at
 //   V2-Lite 4096 tokens, small enough to stay in the 50 MB L2), and each GEMM has 128-row tiles.
 // Both GEMMs are one kernel, C = A @ B^T with A (m x k) and B (n x k) row-major: TMA boxes 32 deep
-// (one 128-byte swizzled row of fp32) in a ring of stages, one producer thread, and consumer
+// (one 128-byte swizzled row of fp32) in a ring of stages, one producer thread, and two consumer
 // warpgroups of 64 rows each. GEMM 1 rounds the latent to TF32 as it stores it; hidden reaches
 // the tensor cores as it is (experiments/tf32/rounding.py: if they drop its low bits, the error
 // is 5.5e-4 instead of step 5's 4.1e-4).
@@ -34,20 +34,25 @@ constexpr int kChunk = 32;     // K per stage: one 128-byte swizzled row of fp32
 constexpr int kRowBytes = 128;
 constexpr int kSharedBudget = 227 * 1024;
 
-// A GEMM's block: 64 rows per consumer warpgroup, kBlockN columns, as many stages as fit (at most
-// kMostStages; fewer let two blocks share an SM, one storing its tile while the other computes).
-template <int kConsumers_, int kBlockN_, int kMostStages = 8>
+// A GEMM's block: kBlockM (128 or 64) x kBlockN results, two consumer warpgroups each computing
+// 64 rows x kConsumerN of them (with 128 rows they split the rows, with 64 the columns), and as
+// many stages as fit, at most kMostStages (fewer let two blocks share an SM, one storing its
+// tile while the other computes).
+template <int kBlockM_, int kBlockN_, int kMostStages = 8>
 struct Tile {
-  static constexpr int kConsumers = kConsumers_, kBlockM = 64 * kConsumers_, kBlockN = kBlockN_;
-  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static_assert(kBlockM_ == 128 || kBlockM_ == 64, "a consumer warpgroup computes 64 rows");
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr bool kSplitRows = kBlockM == 128;
+  static constexpr int kConsumerN = kSplitRows ? kBlockN : kBlockN / 2;
+  static constexpr int kThreads = 3 * 128;  // a producer warpgroup, two consumers
   static constexpr int kABytes = kBlockM * kRowBytes, kBBytes = kBlockN * kRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kFit = (kSharedBudget - 1024 - 2 * kMostStages * 8) / kStageBytes;
   static constexpr int kStages = kFit < kMostStages ? kFit : kMostStages;
   static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
 };
-using Gemm1Tile = Tile<2, 128>;  // V2-Lite 4096 tokens: 32 x 4 = 128 blocks
-using Gemm2Tile = Tile<2, 256>;  // V2-Lite 4096 tokens: 32 x 16 = 512 blocks
+using Gemm1Tile = Tile<128, 128>;  // V2-Lite 4096 tokens: 32 x 4 = 128 blocks
+using Gemm2Tile = Tile<128, 256>;  // V2-Lite 4096 tokens: 32 x 16 = 512 blocks
 
 // ---- mbarriers and TMA (as in step 6; with step 8 they move to kernels/mla_hopper.cuh) -------
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
@@ -89,6 +94,17 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address) {
 
 #define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// d += A (64 x 8, K-major) @ B (8 x 64, K-major); both TF32 in shared memory.
+__device__ __forceinline__ void wgmma_tf32(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, accumulate, 1, 1;\n}\n"
+      : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24)
+      : "l"(a), "l"(b), "r"(1));
+}
 // d += A (64 x 8, K-major) @ B (8 x 128, K-major); both TF32 in shared memory.
 __device__ __forceinline__ void wgmma_tf32(float (&d)[64], uint64_t a, uint64_t b) {
   asm volatile(
@@ -155,7 +171,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int slot = 0; slot < T::kStages; ++slot) {
       barrier_init(full + 8 * slot, 1);
-      barrier_init(empty + 8 * slot, 4 * T::kConsumers);  // one arrival per consumer warp
+      barrier_init(empty + 8 * slot, 8);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -176,14 +192,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     return;
   }
 
-  // Consumer warpgroups: rows 64 * consumer .. of the block's tile, every column. The next
+  // Consumer warpgroups: 64 rows x kConsumerN columns of the block's tile each. The next
   // stage's wgmmas are issued before waiting for this one's, so the tensor cores never drain
   // between stages, and stages go back to the producer one behind.
   const int consumer = threadIdx.x / 128 - 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
-  float acc[T::kBlockN / 2];
+  const int row0 = T::kSplitRows ? 64 * consumer : 0, column0 = T::kSplitRows ? 0 : T::kConsumerN * consumer;
+  float acc[T::kConsumerN / 2];
 #pragma unroll
-  for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < T::kConsumerN / 2; ++i) acc[i] = 0.0f;
   fence_registers(acc);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const int slot = chunk % T::kStages;
@@ -191,8 +208,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int step = 0; step < kChunk / 8; ++step) {  // 8 fp32 deep: 32 bytes along the row
-      wgmma_tf32(acc, descriptor(a_at(slot) + consumer * 64 * kRowBytes + 32 * step),
-                 descriptor(b_at(slot) + 32 * step));
+      wgmma_tf32(acc, descriptor(a_at(slot) + row0 * kRowBytes + 32 * step),
+                 descriptor(b_at(slot) + column0 * kRowBytes + 32 * step));
     }
     wgmma_commit();
     wgmma_wait<1>();
@@ -204,10 +221,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // wgmma's accumulator layout: this thread holds rows warp * 16 + lane / 4 (and + 8), columns
   // 8 * i + 2 * (lane % 4) and + 1. n is even (rank, and 2 * width), so a pair never straddles it.
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
-  const int64_t row = m0 + consumer * 64 + warp * 16 + lane / 4;
+  const int64_t row = m0 + row0 + warp * 16 + lane / 4;
 #pragma unroll
-  for (int i = 0; i < T::kBlockN / 8; ++i) {
-    const int64_t column = n0 + 8 * i + 2 * (lane % 4);
+  for (int i = 0; i < T::kConsumerN / 8; ++i) {
+    const int64_t column = n0 + column0 + 8 * i + 2 * (lane % 4);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if (row + 8 * half < m && column < n) {
