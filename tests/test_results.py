@@ -1,5 +1,7 @@
 """The committed benchmark results: complete, self-describing, and the README's table made from them."""
 
+import re
+
 import matplotlib.pyplot as plt
 import pytest
 
@@ -59,6 +61,20 @@ def test_the_readme_table_is_the_one_the_results_give():
     readme = sweep.README.read_text()
     assert sweep.readme_with_table(readme, sweep.results_table(record)) == readme, (
         "README.md's results table differs from results/*.json: run `python -m mla_lab results`"
+    )
+
+
+def test_the_readme_says_it_validated_the_measured_sources():
+    # The prose under the table is written by hand after each GPU run; it once went on naming the
+    # sources of the sweep before (stop 27 found it). Its validation paragraph names the sources
+    # it ran on: they must be the table's.
+    record = sweep.Sweep.load(SWEEPS[0])
+    readme = sweep.README.read_text()
+    validated = re.search(r"Validated on .*? on the measured sources \(fingerprint\s+([0-9a-f]{12})\)", readme, re.S)
+    assert validated, "README.md has no paragraph saying which sources were validated on a GPU"
+    assert validated.group(1) == record.meta["sources"], (
+        f"README.md says it validated sources {validated.group(1)}, but its table measured "
+        f"{record.meta['sources']}: update the prose under the table from the new run"
     )
 
 
