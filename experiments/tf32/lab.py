@@ -133,17 +133,27 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"unknown variant(s) {unknown}; the variants are {', '.join(VARIANTS)}")
     print(bench.device_line(), flush=True)
     kernels = {name: kernel(name) for name in names}
+    # A variant that fails a check (or cannot launch) is reported and left out of the timing, so
+    # that one broken variant of a kernel not yet run on a GPU does not cost the others' numbers.
+    failed = []
     for name in (n for n in names if n in CORRECT):
-        verdicts = check.check_matrix(kernels[name], "cuda", QUICK if quick else FITTING, dtypes=(torch.float32,))
+        try:
+            verdicts = check.check_matrix(kernels[name], "cuda", QUICK if quick else FITTING, dtypes=(torch.float32,))
+        except RuntimeError as error:
+            print(f"{name}: failed to run: {str(error).splitlines()[0]}", flush=True)
+            failed.append(name)
+            continue
         print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
+        if not all(v.ok for v in verdicts):
+            failed.append(name)
     if quick:
-        return 0
-    kernels["cuBLAS concat TF32"] = CublasTf32()
+        return 1 if failed else 0
+    timed = {name: built for name, built in kernels.items() if name not in failed}
+    timed["cuBLAS concat TF32"] = CublasTf32()
     for label, shape in TIMED:
-        timings = bench.compare(kernels, shape, torch.float32,
-                                unchecked=[name for name in names if name in GARBAGE])
+        timings = bench.compare(timed, shape, torch.float32, unchecked=[name for name in timed if name in GARBAGE])
         print(f"{label:13} " + " | ".join(f"{t.name} {t.median_us:.1f}" for t in timings), flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
