@@ -7,7 +7,7 @@ experiments/step4/lab.py, experiments/step5/lab.py and experiments/step7/lab.py
 `kernel_at` and `write_source`).
 """
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -53,45 +53,66 @@ def edited_source(kernel_file: str, name: str, edits: Edits, previous_commit: st
     return write_source(build_dir / f"{name}.cu", text)
 
 
-def build_and_check(step: int, sources: dict[str, Path], correct: Iterable[str], shapes: Iterable[Shape],
-                    lab: str = "") -> dict:
+def built_kernel(step: int | steps.Step, source: Path, library: str) -> steps.Kernel:
+    """`source` built as library `library`, run as step `step` runs: its limits, and its nvcc
+    architecture flags (an sm_90a experiment names a Step of its own, with the "a" target)."""
+    as_step = step if isinstance(step, steps.Step) else steps.get(step)
+    return steps.Kernel(as_step, source, build.build_step(source, library, as_step.arch_flags))
+
+
+def build_and_check(step: int | steps.Step, sources: dict[str, Path], correct: Iterable[str],
+                    shapes: Iterable[Shape], lab: str = "",
+                    dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16)) -> dict:
     """Builds each variant as its own library (named after `lab`, by default "labNN" for step NN),
-    run as step `step` runs (its limits); checks those in `correct` (the others compute garbage
-    on purpose) on `shapes` in both dtypes, printing one line each."""
+    run as step `step` runs; checks those in `correct` (the others compute garbage on purpose) on
+    `shapes` in `dtypes`, printing one line each. Returns the variants fit to time: one that fails
+    a check or cannot launch is reported and left out, so that it does not cost the others' numbers."""
     print(bench.device_line(), flush=True)
-    lab = lab or f"lab{step:02}"
-    kernels = {name: steps.Kernel(steps.get(step), source, build.build_step(source, f"{lab}_{name}", ()))
-               for name, source in sources.items()}
-    for name in (n for n in correct if n in kernels):
-        verdicts = check.check_matrix(kernels[name], "cuda", tuple(shapes))
+    lab = lab or f"lab{(step if isinstance(step, int) else step.number):02}"
+    kernels = {name: built_kernel(step, source, f"{lab}_{name}") for name, source in sources.items()}
+    for name in [n for n in correct if n in kernels]:
+        try:
+            verdicts = check.check_matrix(kernels[name], "cuda", tuple(shapes), tuple(dtypes))
+        except RuntimeError as error:
+            print(f"{name}: failed to run: {str(error).splitlines()[0]}", flush=True)
+            del kernels[name]
+            continue
         print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
+        if not all(v.ok for v in verdicts):
+            del kernels[name]
     return kernels
 
 
-def run(step: int, sources: dict[str, Path], correct: Iterable[str], timed: Iterable[tuple[str, Shape, torch.dtype]],
-        with_peers: bool = True, digits: int = 1, after_row=None, shapes: Iterable[Shape] | None = None,
-        lab: str = "") -> int:
+def run(step: int | steps.Step, sources: dict[str, Path], correct: Iterable[str],
+        timed: Iterable[tuple[str, Shape, torch.dtype]], with_peers: bool = True, digits: int = 1, after_row=None,
+        shapes: Iterable[Shape] | None = None, lab: str = "",
+        check_dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
+        peers: dict[str, Callable] | None = None) -> int:
     """A lab's whole run: build and check the variants on `shapes` (by default the toy, the quick
-    shapes and V2-Lite at 128 tokens), then one timing row per (label, shape, dtype) by
-    `bench.compare` (the variants in `correct` checked again on that row's inputs, the others
-    timed as they are); `after_row(kernels, shape, dtype)` may report more about each row."""
+    shapes and V2-Lite at 128 tokens) in `check_dtypes`, then one timing row per (label, shape,
+    dtype) by `bench.compare` (the variants in `correct` checked again on that row's inputs, the
+    others timed as they are; `peers`, callables taking the kernels' arguments, beside eager and
+    cuBLAS); `after_row(kernels, shape, dtype)` may report more about each row. Exits 1 when a
+    variant in `correct` failed its checks (it is then left out of the timings)."""
     correct = tuple(correct)
     if shapes is None:
         shapes = (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128))
-    kernels = build_and_check(step, sources, correct, shapes, lab)
+    kernels = build_and_check(step, sources, correct, shapes, lab, check_dtypes)
+    contenders = {**kernels, **(peers or {})}
     for label, shape, dtype in timed:
-        timings = bench.compare(kernels, shape, dtype, with_peers=with_peers,
+        timings = bench.compare(contenders, shape, dtype, with_peers=with_peers,
                                 unchecked=[name for name in kernels if name not in correct])
         print(f"{label:14} " + " | ".join(f"{t.name} {t.median_us:.{digits}f}" for t in timings), flush=True)
         if after_row is not None:
             after_row(kernels, shape, dtype)
-    return 0
+    return 0 if all(name in kernels for name in correct if name in sources) else 1
 
 
-def call_for_a_profiler(step: int, source: Path, lab: str, shape: Shape, dtype: torch.dtype, calls: int = 4) -> None:
+def call_for_a_profiler(step: int | steps.Step, source: Path, lab: str, shape: Shape, dtype: torch.dtype,
+                        calls: int = 4) -> None:
     """Builds `source` (run as step `step` runs) and calls it `calls` times on `shape`, nothing else
     on the GPU between (for `ncu --launch-skip {calls - 1} --launch-count 1`)."""
-    kernel = steps.Kernel(steps.get(step), source, build.build_step(source, lab, ()))
+    kernel = built_kernel(step, source, lab)
     inputs = make_inputs(shape, dtype, "cuda", 0)
     out = torch.empty(shape.out_shape, dtype=dtype, device="cuda")
     for _ in range(calls):

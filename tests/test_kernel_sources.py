@@ -18,9 +18,9 @@ import pytest
 from torch.utils import cpp_extension
 
 from mla_abi import MLA_BFLOAT16, MLA_FLOAT32
-from mla_lab import check, steps
+from mla_lab import check
 from mla_lab.problem import Shape
-from mla_lab.steps import EXERCISES_DIR, KERNELS_DIR, REPO, SOLUTIONS_DIR, STEPS
+from mla_lab.steps import EXERCISES_DIR, HOPPER_ARCH_FLAGS, KERNELS_DIR, REPO, SOLUTIONS_DIR, STEPS
 
 SOURCES = sorted([*KERNELS_DIR.glob("*.cu"), *SOLUTIONS_DIR.glob("*.cu"), *EXERCISES_DIR.glob("*.cu")])
 # torch's extension builds add these (no implicit half/bf16 conversions); compile as they do.
@@ -218,7 +218,7 @@ def test_tf32_experiment_and_its_lab_variants_compile_for_sm90a_keeping_every_wg
     """experiments/tf32/two_gemms.cu (sm_90a: TF32 wgmma) is no course step, so no other test
     compiles it: it and each variant its lab times (NOTES.md's "Step 9 experiment") stay buildable
     without spills, and every GEMM kernel in it keeps its 4 wgmmas per 32-deep stage."""
-    result = compile_with_ptxas_report(TF32_LAB.lab_source(variant), steps.HOPPER_ARCH_FLAGS, tmp_path)
+    result = compile_with_ptxas_report(TF32_LAB.lab_source(variant), HOPPER_ARCH_FLAGS, tmp_path)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
     gemm_kernels = len(re.findall(r"Compiling entry function '\w*gemm_kernel", result.stderr))

@@ -6,8 +6,9 @@ course's TF32 step), eager, cuBLAS and cuBLAS with TF32 allowed on an H200: what
 Each variant is two_gemms.cu with edits (failing loudly when the file no longer has the text an
 edit replaces). Those in CORRECT are checked first against float64 with NaN-poisoned outputs, on
 the shapes the launcher takes (FITTING); every variant is then timed in one process on the same
-inputs, graph replay, median µs, in interleaved rounds (`bench.compare`). fp32 only: the
-experiment is for fp32 inputs.
+inputs, graph replay, median µs, in interleaved rounds (`bench.compare`); a variant that fails a
+check is reported and left out of the timings (`labkit.run`). fp32 only: the experiment is for
+fp32 inputs.
 
     python experiments/tf32/lab.py [VARIANT...]          # all of them by default
     python experiments/tf32/lab.py --check [VARIANT...]  # the quick shapes only (for compute-sanitizer)
@@ -15,7 +16,7 @@ experiment is for fp32 inputs.
                                                           # (3 kernels a call: ncu --launch-skip 9 --launch-count 3)
 
   base          two_gemms.cu: GEMM 1 in 128 x 128 tiles, GEMM 2 in 128 x 256
-  step5         kernels' step 5 (solutions/ex04_tensor_cores.cu), the course's TF32 step
+  step5         step 5 (solutions/ex04_tensor_cores.cu), the course's TF32 step, built as the others are
   gemm1_wide    GEMM 1 in 128 x 256 tiles (half the blocks, fewer bytes per FLOP)
   gemm2_narrow  GEMM 2 in 128 x 128 tiles
   gemm2_rows64  GEMM 2 in 64 x 256 tiles, the two consumers splitting the columns: the block a
@@ -35,8 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import bench, build, check, layout, steps  # noqa: E402
-from mla_lab.problem import V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
+from mla_lab import check, layout, steps  # noqa: E402
+from mla_lab.problem import V2_LITE, V3, V3_TP8, Shape  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
 KERNEL = "experiments/tf32/two_gemms.cu"
@@ -104,56 +105,32 @@ class CublasTf32:
 
 
 def lab_source(name: str) -> Path:
-    """The .cu file variant `name` builds from."""
+    """The .cu file variant `name` builds from ("step5": solutions/ex04_tensor_cores.cu as it is)."""
     return labkit.edited_source(KERNEL, name, EDITS, "HEAD", BUILD)
 
 
 def kernel(name: str) -> steps.Kernel:
-    if name == "step5":
-        return steps.load(5)
-    source = lab_source(name)
-    return steps.Kernel(STEP, source, build.build_step(source, f"tf32_{name}", STEP.arch_flags))
+    """Variant `name` built as the lab builds it (so that builds can be made ahead, in parallel)."""
+    return labkit.built_kernel(STEP, lab_source(name), f"tf32_{name}")
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--profile"]:
-        name = argv[1]
-        built = kernel(name)
-        shape = V2_LITE.with_tokens(1, 4096)
-        inputs = make_inputs(shape, torch.float32, "cuda", 0)
-        out = torch.empty(shape.out_shape, dtype=torch.float32, device="cuda")
-        for _ in range(4):
-            built(*inputs, shape.heads, out=out)
-        torch.cuda.synchronize()
+        labkit.call_for_a_profiler(STEP, lab_source(argv[1]), f"tf32_{argv[1]}", V2_LITE.with_tokens(1, 4096),
+                                   torch.float32)
         return 0
     quick = argv[:1] == ["--check"]
     names = [name for name in argv if not name.startswith("--")] or list(VARIANTS)
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; the variants are {', '.join(VARIANTS)}")
-    print(bench.device_line(), flush=True)
-    kernels = {name: kernel(name) for name in names}
-    # A variant that fails a check (or cannot launch) is reported and left out of the timing, so
-    # that one broken variant of a kernel not yet run on a GPU does not cost the others' numbers.
-    failed = []
-    for name in (n for n in names if n in CORRECT):
-        try:
-            verdicts = check.check_matrix(kernels[name], "cuda", QUICK if quick else FITTING, dtypes=(torch.float32,))
-        except RuntimeError as error:
-            print(f"{name}: failed to run: {str(error).splitlines()[0]}", flush=True)
-            failed.append(name)
-            continue
-        print(f"{name}: {check.summary(verdicts)}", *(v for v in verdicts if not v.ok), sep="\n  ", flush=True)
-        if not all(v.ok for v in verdicts):
-            failed.append(name)
+    sources = {name: lab_source(name) for name in names}
+    fp32 = (torch.float32,)
     if quick:
-        return 1 if failed else 0
-    timed = {name: built for name, built in kernels.items() if name not in failed}
-    timed["cuBLAS concat TF32"] = CublasTf32()
-    for label, shape in TIMED:
-        timings = bench.compare(timed, shape, torch.float32, unchecked=[name for name in timed if name in GARBAGE])
-        print(f"{label:13} " + " | ".join(f"{t.name} {t.median_us:.1f}" for t in timings), flush=True)
-    return 1 if failed else 0
+        fit = labkit.build_and_check(STEP, sources, CORRECT, QUICK, "tf32", fp32)
+        return 0 if all(name in fit for name in names if name in CORRECT) else 1
+    return labkit.run(STEP, sources, CORRECT, [(label, shape, torch.float32) for label, shape in TIMED],
+                      shapes=FITTING, lab="tf32", check_dtypes=fp32, peers={"cuBLAS concat TF32": CublasTf32()})
 
 
 if __name__ == "__main__":
