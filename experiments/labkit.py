@@ -62,14 +62,17 @@ def built_kernel(step: int | steps.Step, source: Path, library: str) -> steps.Ke
 
 def build_and_check(step: int | steps.Step, sources: dict[str, Path], correct: Iterable[str],
                     shapes: Iterable[Shape], lab: str = "",
-                    dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16)) -> dict:
+                    dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
+                    step_of: dict[str, steps.Step] | None = None) -> dict:
     """Builds each variant as its own library (named after `lab`, by default "labNN" for step NN),
-    run as step `step` runs; checks those in `correct` (the others compute garbage on purpose) on
-    `shapes` in `dtypes`, printing one line each. Returns the variants fit to time: one that fails
-    a check or cannot launch is reported and left out, so that it does not cost the others' numbers."""
+    run as step `step` runs (or as `step_of[name]`, for a variant held to other tolerances); checks
+    those in `correct` (the others compute garbage on purpose) on `shapes` in `dtypes`, printing one
+    line each. Returns the variants fit to time: one that fails a check or cannot launch is
+    reported and left out, so that it does not cost the others' numbers."""
     print(bench.device_line(), flush=True)
     lab = lab or f"lab{(step if isinstance(step, int) else step.number):02}"
-    kernels = {name: built_kernel(step, source, f"{lab}_{name}") for name, source in sources.items()}
+    kernels = {name: built_kernel((step_of or {}).get(name, step), source, f"{lab}_{name}")
+               for name, source in sources.items()}
     for name in [n for n in correct if n in kernels]:
         try:
             verdicts = check.check_matrix(kernels[name], "cuda", tuple(shapes), tuple(dtypes))
@@ -87,17 +90,18 @@ def run(step: int | steps.Step, sources: dict[str, Path], correct: Iterable[str]
         timed: Iterable[tuple[str, Shape, torch.dtype]], with_peers: bool = True, digits: int = 1, after_row=None,
         shapes: Iterable[Shape] | None = None, lab: str = "",
         check_dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
-        peers: dict[str, Callable] | None = None) -> int:
+        peers: dict[str, Callable] | None = None, step_of: dict[str, steps.Step] | None = None) -> int:
     """A lab's whole run: build and check the variants on `shapes` (by default the toy, the quick
     shapes and V2-Lite at 128 tokens) in `check_dtypes`, then one timing row per (label, shape,
     dtype) by `bench.compare` (the variants in `correct` checked again on that row's inputs, the
     others timed as they are; `peers`, callables taking the kernels' arguments, beside eager and
-    cuBLAS); `after_row(kernels, shape, dtype)` may report more about each row. Exits 1 when a
-    variant in `correct` failed its checks (it is then left out of the timings)."""
+    cuBLAS); `after_row(kernels, shape, dtype)` may report more about each row; `step_of` as in
+    `build_and_check`. Exits 1 when a variant in `correct` failed its checks (it is then left out
+    of the timings)."""
     correct = tuple(correct)
     if shapes is None:
         shapes = (TOY, *check.QUICK_SHAPES, V2_LITE.with_tokens(1, 128))
-    kernels = build_and_check(step, sources, correct, shapes, lab, check_dtypes)
+    kernels = build_and_check(step, sources, correct, shapes, lab, check_dtypes, step_of)
     contenders = {**kernels, **(peers or {})}
     for label, shape, dtype in timed:
         timings = bench.compare(contenders, shape, dtype, with_peers=with_peers,

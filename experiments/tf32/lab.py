@@ -13,7 +13,8 @@ fp32 inputs.
     python experiments/tf32/lab.py [VARIANT...]          # all of them by default
     python experiments/tf32/lab.py --check [VARIANT...]  # the quick shapes only (for compute-sanitizer)
     python experiments/tf32/lab.py --profile VARIANT     # 4 calls at V2-Lite 4096 tokens, no checks
-                                                          # (3 kernels a call: ncu --launch-skip 9 --launch-count 3)
+                                                          # (3 kernels a call, 4 with three passes:
+                                                          # ncu --launch-skip 9 --launch-count 3, or 12 and 4)
 
   base          two_gemms.cu: GEMM 1 in 128 x 128 tiles, GEMM 2 in 128 x 256
   step5         step 5 (solutions/ex04_tensor_cores.cu), the course's TF32 step, built as the others are
@@ -28,6 +29,10 @@ fp32 inputs.
   gemm1         GEMM 1 alone (garbage)
   gemm2         GEMM 2 alone (garbage)
   no_stores     both GEMMs with their stores predicated off at run time (garbage): what storing costs
+  three_passes  fp32's accuracy: every operand split into TF32 hi and lo parts, each product taken
+                as three passes (hi*hi + hi*lo + lo*hi), hidden split by a kernel of its own; held
+                to fp32's tolerance, not TF32's
+  three_passes_gemm2_narrow  the same, GEMM 2 in 128 x 128 tiles (3 stages fit instead of 2)
 """
 import sys
 from pathlib import Path
@@ -43,8 +48,12 @@ BUILD = Path(__file__).resolve().parent / "build"
 KERNEL = "experiments/tf32/two_gemms.cu"
 STEP = steps.Step(9, "tf32_gemms", "fp32 inputs as two TF32 wgmma GEMMs", "two_gemms.cu",
                   fp32_math="tf32", arch_flags=steps.HOPPER_ARCH_FLAGS)
+# Three passes keep fp32's accuracy: those variants are checked as an fp32 step is (1e-5).
+THREE_PASSES_STEP = steps.Step(9, "tf32x3_gemms", "fp32 inputs as two 3xTF32 wgmma GEMMs", "two_gemms.cu",
+                               arch_flags=steps.HOPPER_ARCH_FLAGS)
 
 PHASES = "constexpr bool kTransposes = true, kGemm1 = true, kGemm2 = true;"
+THREE_PASSES_OFF, THREE_PASSES_ON = "constexpr bool kThreePasses = false;", "constexpr bool kThreePasses = true;"
 EDITS: labkit.Edits = {
     "base": (),
     "gemm1_wide": (("using Gemm1Tile = Tile<128, 128>;", "using Gemm1Tile = Tile<128, 256>;"),),
@@ -57,10 +66,14 @@ EDITS: labkit.Edits = {
     "transposes": ((PHASES, "constexpr bool kTransposes = true, kGemm1 = false, kGemm2 = false;"),),
     "gemm1": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = true, kGemm2 = false;"),),
     "gemm2": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = false, kGemm2 = true;"),),
+    "three_passes": ((THREE_PASSES_OFF, THREE_PASSES_ON),),
+    "three_passes_gemm2_narrow": ((THREE_PASSES_OFF, THREE_PASSES_ON),
+                                  ("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<128, 128>;")),
 }
 VARIANTS = ("base", "step5", *[name for name in EDITS if name != "base"])
 GARBAGE = ("transposes", "gemm1", "gemm2", "no_stores")
 CORRECT = tuple(name for name in VARIANTS if name not in GARBAGE)
+STEP_OF = {name: THREE_PASSES_STEP for name in VARIANTS if name.startswith("three_passes")}
 
 
 def fits(shape: Shape) -> bool:
@@ -111,13 +124,13 @@ def lab_source(name: str) -> Path:
 
 def kernel(name: str) -> steps.Kernel:
     """Variant `name` built as the lab builds it (so that builds can be made ahead, in parallel)."""
-    return labkit.built_kernel(STEP, lab_source(name), f"tf32_{name}")
+    return labkit.built_kernel(STEP_OF.get(name, STEP), lab_source(name), f"tf32_{name}")
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--profile"]:
-        labkit.call_for_a_profiler(STEP, lab_source(argv[1]), f"tf32_{argv[1]}", V2_LITE.with_tokens(1, 4096),
-                                   torch.float32)
+        labkit.call_for_a_profiler(STEP_OF.get(argv[1], STEP), lab_source(argv[1]), f"tf32_{argv[1]}",
+                                   V2_LITE.with_tokens(1, 4096), torch.float32)
         return 0
     quick = argv[:1] == ["--check"]
     names = [name for name in argv if not name.startswith("--")] or list(VARIANTS)
@@ -127,10 +140,11 @@ def main(argv: list[str]) -> int:
     sources = {name: lab_source(name) for name in names}
     fp32 = (torch.float32,)
     if quick:
-        fit = labkit.build_and_check(STEP, sources, CORRECT, QUICK, "tf32", fp32)
+        fit = labkit.build_and_check(STEP, sources, CORRECT, QUICK, "tf32", fp32, STEP_OF)
         return 0 if all(name in fit for name in names if name in CORRECT) else 1
     return labkit.run(STEP, sources, CORRECT, [(label, shape, torch.float32) for label, shape in TIMED],
-                      shapes=FITTING, lab="tf32", check_dtypes=fp32, peers={"cuBLAS concat TF32": CublasTf32()})
+                      shapes=FITTING, lab="tf32", check_dtypes=fp32, peers={"cuBLAS concat TF32": CublasTf32()},
+                      step_of=STEP_OF)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 Frobenius error against float64 when each operand reaches the tensor cores rounded to nearest
 TF32 (`cvt.rna`) or with its low 13 bits dropped, products summed exactly (float64), the latent
 stored as fp32 in between. kernels/NOTES.md ("Step 9 experiment") uses it to predict the error of
-experiments/tf32/two_gemms.cu, which rounds the weights and the latent but not hidden.
+experiments/tf32/two_gemms.cu, which rounds the weights and the latent but not hidden; and of its
+three-pass form, where each operand is split into TF32 parts and each product is
+hi*hi + hi*lo + lo*hi, summed in fp32 as the tensor cores sum (a product of two TF32 values is exact
+in fp32), against plain fp32 matmuls.
 
     python experiments/tf32/rounding.py [TOKENS]   # V2-Lite widths, 256 tokens by default
 """
@@ -38,10 +41,43 @@ CASES = {
 }
 
 
+def parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """t's TF32 parts as two_gemms.cu makes them: hi = t rounded, lo = what that leaves, rounded."""
+    hi = rounded(t)
+    return hi, rounded(t.float() - hi)
+
+
+def three_passes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b from TF32 parts in three fp32 matmuls, small terms first, as the kernel sums them."""
+    (a_hi, a_lo), (b_hi, b_lo) = parts(a), parts(b)
+    return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+
+
+def product_error(tokens: int, seed: int, matmul) -> float:
+    """The relative error of (hidden @ w_down) @ [w_up_k | w_up_v] with both products by `matmul`
+    on fp32 inputs, the latent fp32 in between."""
+    shape = V2_LITE.with_tokens(1, tokens)
+    hidden, w_down, w_up_k, w_up_v = make_inputs(shape, torch.float32, "cpu", seed)
+    rows = hidden.reshape(-1, shape.d_model)
+    w_cat = torch.cat([w_up_k, w_up_v], 1)
+    exact = (rows.double() @ w_down.double()) @ w_cat.double()
+    out = matmul(matmul(rows, w_down), w_cat).double()
+    return float((out - exact).norm() / exact.norm())
+
+
+PRODUCTS = {
+    "three TF32 passes (two_gemms.cu, kThreePasses)": three_passes,
+    "fp32 matmuls (as cuBLAS fp32 and step 4)": torch.matmul,
+}
+
+
 def main(argv: list[str]) -> int:
     tokens = int(argv[0]) if argv else 256
     for label, rounding in CASES.items():
         errors = [error(tokens, seed, *rounding) for seed in range(3)]
+        print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
+    for label, matmul in PRODUCTS.items():
+        errors = [product_error(tokens, seed, matmul) for seed in range(3)]
         print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
     return 0
 

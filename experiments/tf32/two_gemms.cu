@@ -20,6 +20,13 @@
 // the tensor cores as it is (experiments/tf32/rounding.py: if they drop its low bits, the error
 // is 5.5e-4 instead of step 5's 4.1e-4).
 //
+// Lab switch kThreePasses: fp32's accuracy from the same tensor cores. Every operand x is split
+// into two TF32 values, hi = x rounded and lo = (x - hi) rounded, and each product is taken as
+// hi*hi + hi*lo + lo*hi (the lo*lo term is below fp32's rounding): three times the tensor work,
+// for about 4e-7 of error, as plain fp32 (experiments/tf32/rounding.py), instead of 4e-4. hidden
+// is split by a kernel of its own (32 MB read, 64 MB written at V2-Lite 4096 tokens), the weights
+// as they are transposed, the latent as GEMM 1 stores it.
+//
 // Runs fp32 on an sm_90 GPU with d_model and rank multiples of 4 (TMA rows start 16-byte
 // aligned), hidden 16-byte and out 8-byte aligned.
 #include <cuda.h>
@@ -33,11 +40,14 @@ namespace {
 constexpr int kChunk = 32;     // K per stage: one 128-byte swizzled row of fp32
 constexpr int kRowBytes = 128;
 constexpr int kSharedBudget = 227 * 1024;
+// Lab switch (experiments/tf32/lab.py, variant three_passes), described at the top.
+constexpr bool kThreePasses = false;
+constexpr int kParts = kThreePasses ? 2 : 1;
 
 // A GEMM's block: kBlockM (128 or 64) x kBlockN results, two consumer warpgroups each computing
 // 64 rows x kConsumerN of them (with 128 rows they split the rows, with 64 the columns), and as
 // many stages as fit, at most kMostStages (fewer let two blocks share an SM, one storing its
-// tile while the other computes).
+// tile while the other computes). A stage holds each operand's kParts boxes: A's, then B's.
 template <int kBlockM_, int kBlockN_, int kMostStages = 8>
 struct Tile {
   static_assert(kBlockM_ == 128 || kBlockM_ == 64, "a consumer warpgroup computes 64 rows");
@@ -45,7 +55,8 @@ struct Tile {
   static constexpr bool kSplitRows = kBlockM == 128;
   static constexpr int kConsumerN = kSplitRows ? kBlockN : kBlockN / 2;
   static constexpr int kThreads = 3 * 128;  // a producer warpgroup, two consumers
-  static constexpr int kABytes = kBlockM * kRowBytes, kBBytes = kBlockN * kRowBytes;
+  static constexpr int kAPartBytes = kBlockM * kRowBytes, kBPartBytes = kBlockN * kRowBytes;
+  static constexpr int kABytes = kParts * kAPartBytes, kBBytes = kParts * kBPartBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kFit = (kSharedBudget - 1024 - 2 * kMostStages * 8) / kStageBytes;
   static constexpr int kStages = kFit < kMostStages ? kFit : kMostStages;
@@ -86,6 +97,9 @@ __device__ __forceinline__ uint32_t round_to_tf32(float x) {
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
   return r;
 }
+__device__ __forceinline__ float tf32(float x) { return __uint_as_float(round_to_tf32(x)); }
+// What x leaves after its TF32 part hi: exact in fp32, then rounded to TF32 itself.
+__device__ __forceinline__ float tf32_rest(float x, float hi) { return tf32(x - hi); }
 // A K-major operand in 128-byte swizzled rows: groups of 8 rows 1024 bytes apart (the leading
 // offset is unused for this layout). PTX ISA, "Matrix Descriptor Format".
 __device__ __forceinline__ uint64_t descriptor(uint32_t address) {
@@ -154,12 +168,18 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// C (m x n, rows `pitch` apart) = A (m x k) @ B (n x k)^T, TF32 products summed in fp32; with
-// kRound, C is stored rounded to TF32 (it is the next GEMM's A).
-template <class T, bool kRound>
+// How a GEMM stores C: as computed (the output), or as the next GEMM's A operand: rounded to
+// TF32, or split into TF32 parts (hi into c, lo into c_lo).
+enum class Store { kAsComputed, kTf32, kTf32Parts };
+
+// C (m x n, rows `pitch` apart) = A (m x k) @ B (n x k)^T, TF32 products summed in fp32. With
+// kParts == 2 each operand comes as hi and lo parts (a_map and a_lo_map, b_map and b_lo_map), and
+// each product is three passes.
+template <class T, Store kStore>
 __global__ void __launch_bounds__(T::kThreads, 1)
-    gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                float* __restrict__ c, int64_t m, int64_t n, int64_t k, int64_t pitch) {
+    gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap a_lo_map,
+                const __grid_constant__ CUtensorMap b_map, const __grid_constant__ CUtensorMap b_lo_map,
+                float* __restrict__ c, float* __restrict__ c_lo, int64_t m, int64_t n, int64_t k, int64_t pitch) {
   extern __shared__ uint8_t shared_raw[];
   // The swizzle is a function of address bits 4-9: every operand box starts 1024-aligned.
   const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
@@ -188,6 +208,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         barrier_expect_bytes(full + 8 * slot, T::kStageBytes);  // boxes past an edge land zeros
         tma_load(a_at(slot), a_map, chunk * kChunk, int(m0), full + 8 * slot);
         tma_load(b_at(slot), b_map, chunk * kChunk, int(n0), full + 8 * slot);
+        if constexpr (kParts == 2) {
+          tma_load(a_at(slot) + T::kAPartBytes, a_lo_map, chunk * kChunk, int(m0), full + 8 * slot);
+          tma_load(b_at(slot) + T::kBPartBytes, b_lo_map, chunk * kChunk, int(n0), full + 8 * slot);
+        }
       }
     }
     return;
@@ -209,8 +233,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int step = 0; step < kChunk / 8; ++step) {  // 8 fp32 deep: 32 bytes along the row
-      wgmma_tf32(acc, descriptor(a_at(slot) + row0 * kRowBytes + 32 * step),
-                 descriptor(b_at(slot) + column0 * kRowBytes + 32 * step));
+      const uint32_t a = a_at(slot) + row0 * kRowBytes + 32 * step, b = b_at(slot) + column0 * kRowBytes + 32 * step;
+      if constexpr (kParts == 2) {  // the small terms first
+        wgmma_tf32(acc, descriptor(a + T::kAPartBytes), descriptor(b));
+        wgmma_tf32(acc, descriptor(a), descriptor(b + T::kBPartBytes));
+      }
+      wgmma_tf32(acc, descriptor(a), descriptor(b));
     }
     wgmma_commit();
     wgmma_wait<1>();
@@ -229,19 +257,29 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if (row + 8 * half < m && column < n) {
-        float x = acc[4 * i + 2 * half], y = acc[4 * i + 2 * half + 1];
-        if constexpr (kRound) x = __uint_as_float(round_to_tf32(x)), y = __uint_as_float(round_to_tf32(y));
-        mla::store_whole<mla::Space::kGlobal>(c + (row + 8 * half) * pitch + column,
-                                              make_uint2(__float_as_uint(x), __float_as_uint(y)));
+        const float x = acc[4 * i + 2 * half], y = acc[4 * i + 2 * half + 1];
+        const int64_t at = (row + 8 * half) * pitch + column;
+        if constexpr (kStore == Store::kAsComputed) {
+          mla::store_whole<mla::Space::kGlobal>(c + at, make_uint2(__float_as_uint(x), __float_as_uint(y)));
+        } else {
+          const float x_hi = tf32(x), y_hi = tf32(y);
+          mla::store_whole<mla::Space::kGlobal>(c + at, make_uint2(__float_as_uint(x_hi), __float_as_uint(y_hi)));
+          if constexpr (kStore == Store::kTf32Parts) {
+            mla::store_whole<mla::Space::kGlobal>(
+                c_lo + at, make_uint2(__float_as_uint(tf32_rest(x, x_hi)), __float_as_uint(tf32_rest(y, y_hi))));
+          }
+        }
       }
     }
   }
 }
 
-// to[c][r] = from[r][c] rounded to TF32, for up to three matrices at once (blockIdx.z picks one).
+// to[c][r] = from[r][c] rounded to TF32 (and with kParts == 2 to_lo[c][r] = what that leaves, as
+// TF32), for up to three matrices at once (blockIdx.z picks one).
 struct Transpose {
   const float* from;
   float* to;
+  float* to_lo;
   int64_t rows, columns, to_pitch;  // `from` is dense: rows `columns` apart
 };
 struct Transposes {
@@ -261,7 +299,26 @@ __global__ void __launch_bounds__(kSide * 8) transpose_kernel(const __grid_const
   __syncthreads();
   for (int i = threadIdx.y; i < kSide; i += 8) {
     const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (c < t.columns && r < t.rows) t.to[c * t.to_pitch + r] = __uint_as_float(round_to_tf32(square[threadIdx.x][i]));
+    if (c < t.columns && r < t.rows) {
+      const float x = square[threadIdx.x][i], hi = tf32(x);
+      t.to[c * t.to_pitch + r] = hi;
+      if constexpr (kParts == 2) t.to_lo[c * t.to_pitch + r] = tf32_rest(x, hi);
+    }
+  }
+}
+
+// hidden's TF32 parts for three passes: hi = x rounded, lo = what that leaves, rounded; 4 values a
+// thread (tokens * d_model is a multiple of 4, hidden 16-byte aligned).
+__global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ hi, float* __restrict__ lo,
+                             int64_t quads) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    const float h[4] = {tf32(v.x), tf32(v.y), tf32(v.z), tf32(v.w)};
+    mla::store_whole<mla::Space::kGlobal>(hi + 4 * i, make_uint4(__float_as_uint(h[0]), __float_as_uint(h[1]),
+                                                                 __float_as_uint(h[2]), __float_as_uint(h[3])));
+    mla::store_whole<mla::Space::kGlobal>(
+        lo + 4 * i, make_uint4(__float_as_uint(tf32_rest(v.x, h[0])), __float_as_uint(tf32_rest(v.y, h[1])),
+                               __float_as_uint(tf32_rest(v.z, h[2])), __float_as_uint(tf32_rest(v.w, h[3]))));
   }
 }
 
@@ -291,30 +348,45 @@ bool make_map(CUtensorMap* map, const float* data, int64_t rows, int64_t columns
                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <class T, bool kRound>
-cudaError_t gemm(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  CUtensorMap a_map, b_map;
-  if (!make_map(&a_map, a, m, k, T::kBlockM) || !make_map(&b_map, b, n, k, T::kBlockN)) return cudaErrorInvalidValue;
-  const auto kernel = gemm_kernel<T, kRound>;
+// An operand in TF32 parts: `hi`, and with kParts == 2 `lo` (else unused).
+struct Parts {
+  const float* hi;
+  const float* lo;
+};
+
+template <class T, Store kStore>
+cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  CUtensorMap maps[4];  // a, a_lo, b, b_lo
+  const float* data[4] = {a.hi, kParts == 2 ? a.lo : a.hi, b.hi, kParts == 2 ? b.lo : b.hi};
+  for (int i = 0; i < 4; ++i) {
+    if (!make_map(&maps[i], data[i], i < 2 ? m : n, k, i < 2 ? T::kBlockM : T::kBlockN)) return cudaErrorInvalidValue;
+  }
+  const auto kernel = gemm_kernel<T, kStore>;
   const cudaError_t err = mla::allow_shared_memory(kernel, T::kSharedBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(unsigned(mla::ceil_div(n, T::kBlockN)), unsigned(mla::ceil_div(m, T::kBlockM)));
-  kernel<<<grid, T::kThreads, T::kSharedBytes, stream>>>(a_map, b_map, c, m, n, k, n);
+  kernel<<<grid, T::kThreads, T::kSharedBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], c, c_lo, m, n, k, n);
   return cudaGetLastError();
 }
 
-// The workspace: w_down^T (rank x d_model), [w_up_k | w_up_v]^T (2 * width x rank), the latent
-// (tokens x rank), each 256-byte aligned.
+// The workspace, each array 256-byte aligned and each in kParts parts (hi, then lo): w_down^T
+// (rank x d_model), [w_up_k | w_up_v]^T (2 * width x rank), the latent (tokens x rank), and with
+// three passes hidden's parts (tokens x d_model).
 struct Workspace {
-  int64_t down_t, up_t, latent, bytes;  // offsets and size in bytes
+  int64_t down_t, up_t, latent, hidden, part_bytes[4], bytes;  // offsets and sizes in bytes
 };
 Workspace workspace_of(const MlaProblem* p) {
   const int64_t width = p->heads * p->head_dim;
+  const int64_t sizes[4] = {p->rank * p->d_model, 2 * width * p->rank, p->tokens * p->rank,
+                            kParts == 2 ? p->tokens * p->d_model : 0};
   Workspace w;
-  w.down_t = 0;
-  w.up_t = mla::round_up(p->rank * p->d_model * 4, 256);
-  w.latent = w.up_t + mla::round_up(2 * width * p->rank * 4, 256);
-  w.bytes = w.latent + mla::round_up(p->tokens * p->rank * 4, 256);
+  int64_t* offsets[4] = {&w.down_t, &w.up_t, &w.latent, &w.hidden};
+  w.bytes = 0;
+  for (int i = 0; i < 4; ++i) {
+    *offsets[i] = w.bytes;
+    w.part_bytes[i] = mla::round_up(sizes[i] * 4, 256);
+    w.bytes += kParts * w.part_bytes[i];
+  }
   return w;
 }
 
@@ -333,14 +405,19 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   const int64_t width = p->heads * p->head_dim;
   const Workspace w = workspace_of(p);
   auto* bytes = static_cast<uint8_t*>(p->workspace);
-  auto* down_t = reinterpret_cast<float*>(bytes + w.down_t);
-  auto* up_t = reinterpret_cast<float*>(bytes + w.up_t);
-  auto* latent = reinterpret_cast<float*>(bytes + w.latent);
+  auto part = [&](int64_t offset, int index, int which) {  // which: 0 hi, 1 lo
+    return reinterpret_cast<float*>(bytes + offset + which * w.part_bytes[index]);
+  };
+  float *down_t = part(w.down_t, 0, 0), *up_t = part(w.up_t, 1, 0), *latent = part(w.latent, 2, 0);
+  float *down_t_lo = part(w.down_t, 0, 1), *up_t_lo = part(w.up_t, 1, 1), *latent_lo = part(w.latent, 2, 1);
   const auto* w_down = static_cast<const float*>(p->w_down);
+  const auto* hidden = static_cast<const float*>(p->hidden);
 
-  const Transposes transposes{{{w_down, down_t, p->d_model, p->rank, p->d_model},
-                               {static_cast<const float*>(p->w_up_k), up_t, p->rank, width, p->rank},
-                               {static_cast<const float*>(p->w_up_v), up_t + width * p->rank, p->rank, width, p->rank}}};
+  const int64_t v_at = width * p->rank;  // [w_up_k | w_up_v]^T: w_up_v's rows after w_up_k's
+  const Transposes transposes{{{w_down, down_t, down_t_lo, p->d_model, p->rank, p->d_model},
+                               {static_cast<const float*>(p->w_up_k), up_t, up_t_lo, p->rank, width, p->rank},
+                               {static_cast<const float*>(p->w_up_v), up_t + v_at, up_t_lo + v_at, p->rank, width,
+                                p->rank}}};
   const int64_t most_rows = p->d_model > p->rank ? p->d_model : p->rank;
   const int64_t most_columns = p->rank > width ? p->rank : width;
   const dim3 squares(unsigned(mla::ceil_div(most_columns, kSide)), unsigned(mla::ceil_div(most_rows, kSide)), 3);
@@ -351,11 +428,24 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
     transpose_kernel<<<squares, dim3(kSide, 8), 0, stream>>>(transposes);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  if (kGemm1 && (err = gemm<Gemm1Tile, true>(static_cast<const float*>(p->hidden), down_t, latent, p->tokens,
-                                             p->rank, p->d_model, stream)) != cudaSuccess) {
+  // With one pass hidden reaches the tensor cores as it is; with three, as its parts.
+  Parts hidden_parts{hidden, nullptr};
+  if (kParts == 2) {
+    float *hidden_hi = part(w.hidden, 3, 0), *hidden_lo = part(w.hidden, 3, 1);
+    hidden_parts = {hidden_hi, hidden_lo};
+    const int64_t quads = p->tokens * p->d_model / 4;
+    const int64_t blocks = mla::ceil_div(quads, 256), most = 132 * 16;  // then grid-stride
+    split_kernel<<<unsigned(blocks < most ? blocks : most), 256, 0, stream>>>(
+        reinterpret_cast<const float4*>(hidden), hidden_hi, hidden_lo, quads);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  constexpr Store kLatentStore = kParts == 2 ? Store::kTf32Parts : Store::kTf32;
+  if (kGemm1 && (err = gemm<Gemm1Tile, kLatentStore>(hidden_parts, {down_t, down_t_lo}, latent, latent_lo,
+                                                     p->tokens, p->rank, p->d_model, stream)) != cudaSuccess) {
     return err;
   }
-  return kGemm2 ? gemm<Gemm2Tile, false>(latent, up_t, static_cast<float*>(p->out), p->tokens, 2 * width,
-                                         p->rank, stream)
+  return kGemm2 ? gemm<Gemm2Tile, Store::kAsComputed>({latent, latent_lo}, {up_t, up_t_lo},
+                                                      static_cast<float*>(p->out), nullptr, p->tokens, 2 * width,
+                                                      p->rank, stream)
                 : cudaSuccess;
 }
