@@ -65,7 +65,7 @@ struct Tile {
 using Gemm1Tile = Tile<128, 128>;  // V2-Lite 4096 tokens: 32 x 4 = 128 blocks
 using Gemm2Tile = Tile<128, 256>;  // V2-Lite 4096 tokens: 32 x 16 = 512 blocks
 
-// ---- mbarriers and TMA (as in step 6; with step 8 they move to kernels/mla_hopper.cuh) -------
+// ---- mbarriers and TMA (as in step 6) ----------------------------------------------------
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
