@@ -91,6 +91,20 @@ def test_compiles_for_its_gpus_without_spills(source, tmp_path):
     assert "wgmma.mma_async instructions are serialized" not in result.stderr, result.stderr
 
 
+# The GPUs a learner is likelier to have than an H200 (no such GPU is lent here, so this is all
+# that is checked of them): consumer Ampere (sm_86) and Ada (sm_89) build every step that is not
+# Hopper-only, without spills.
+CONSUMER_ARCHS = ["-gencode=arch=compute_86,code=sm_86", "-gencode=arch=compute_89,code=sm_89"]
+
+
+@pytest.mark.parametrize("source", [s for s in SOURCES if s.name not in ARCHS_OF], ids=lambda p: str(p.relative_to(REPO)))
+def test_compiles_for_consumer_ampere_and_ada_without_spills(source, tmp_path):
+    result = compile_with_ptxas_report(source, CONSUMER_ARCHS, tmp_path)
+    assert result.returncode == 0, result.stderr
+    spills = re.findall(r"(\d+) bytes spill stores", result.stderr)
+    assert len(spills) >= 2 and all(s == "0" for s in spills), result.stderr
+
+
 # A 16- or 8-byte store that nvcc split into 4-byte ones: back-to-back scalar stores in the PTX
 # through one address register at offsets o and o + 4, o a multiple of 8 (kernels/mla_common.cuh,
 # store_whole, says where it happened and what it cost). Scalar tail paths test each element first,
