@@ -97,7 +97,8 @@ def test_compiles_for_its_gpus_without_spills(source, tmp_path):
 CONSUMER_ARCHS = ["-gencode=arch=compute_86,code=sm_86", "-gencode=arch=compute_89,code=sm_89"]
 
 
-@pytest.mark.parametrize("source", [s for s in SOURCES if s.name not in ARCHS_OF], ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("source", [s for s in SOURCES if s.name not in ARCHS_OF],
+                         ids=lambda p: str(p.relative_to(REPO)))
 def test_compiles_for_consumer_ampere_and_ada_without_spills(source, tmp_path):
     result = compile_with_ptxas_report(source, CONSUMER_ARCHS, tmp_path)
     assert result.returncode == 0, result.stderr
