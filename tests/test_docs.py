@@ -49,6 +49,19 @@ def test_every_notes_section_a_document_names_is_there(name):
     assert not missing, f"{name} names sections kernels/NOTES.md does not have: {missing}"
 
 
+def test_the_notes_list_their_sections_and_what_waits_for_a_gpu():
+    """kernels/NOTES.md opens with its sections, as its headings are, and with what is built and
+    not yet run, naming sections that are there."""
+    text = NOTES.read_text()
+    listed = text.split("Sections (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [line.removeprefix("- ") for line in listed] == [line[3:] for line in text.splitlines()
+                                                           if line.startswith("## ")]
+    waiting = text.split("Built and not yet run on a GPU", 1)[1].split("\n\n", 1)[0]
+    titles = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith(("## ", "### "))]
+    named = [" ".join(title.split()) for title in re.findall(r'"([^"]+)"', waiting)]
+    assert named and all(any(heading.startswith(title) for heading in titles) for title in named), named
+
+
 def test_the_checks_can_fail():
     """Both patterns find what they are for, so a test above that passes has looked."""
     assert PATH.findall("see `kernels/mla_common.cuh` and experiments/step6/lab.py.") == [
