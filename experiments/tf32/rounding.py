@@ -22,12 +22,17 @@ def truncated(t: torch.Tensor) -> torch.Tensor:
     return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
-def error(tokens: int, seed: int, hidden_as, weights_as, latent_as) -> float:
+def problem(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """V2-Lite's widths at `tokens`: hidden's rows, w_down, [w_up_k | w_up_v], and the float64 result."""
     shape = V2_LITE.with_tokens(1, tokens)
     hidden, w_down, w_up_k, w_up_v = make_inputs(shape, torch.float32, "cpu", seed)
     rows = hidden.reshape(-1, shape.d_model)
     w_cat = torch.cat([w_up_k, w_up_v], 1)
-    exact = (rows.double() @ w_down.double()) @ w_cat.double()
+    return rows, w_down, w_cat, (rows.double() @ w_down.double()) @ w_cat.double()
+
+
+def error(tokens: int, seed: int, hidden_as, weights_as, latent_as) -> float:
+    rows, w_down, w_cat, exact = problem(tokens, seed)
     latent = (hidden_as(rows).double() @ weights_as(w_down).double()).float()
     out = latent_as(latent).double() @ weights_as(w_cat).double()
     return float((out - exact).norm() / exact.norm())
@@ -56,11 +61,7 @@ def three_passes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def product_error(tokens: int, seed: int, matmul) -> float:
     """The relative error of (hidden @ w_down) @ [w_up_k | w_up_v] with both products by `matmul`
     on fp32 inputs, the latent fp32 in between."""
-    shape = V2_LITE.with_tokens(1, tokens)
-    hidden, w_down, w_up_k, w_up_v = make_inputs(shape, torch.float32, "cpu", seed)
-    rows = hidden.reshape(-1, shape.d_model)
-    w_cat = torch.cat([w_up_k, w_up_v], 1)
-    exact = (rows.double() @ w_down.double()) @ w_cat.double()
+    rows, w_down, w_cat, exact = problem(tokens, seed)
     out = matmul(matmul(rows, w_down), w_cat).double()
     return float((out - exact).norm() / exact.norm())
 
