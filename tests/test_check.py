@@ -1,14 +1,13 @@
 """The harness must pass the reference and catch every planted fault, each with its reason."""
 
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import experiment_scripts
 from mla_lab import check
 from mla_lab.problem import Shape, oracle, reference
-from mla_lab.steps import REPO
 
 SHAPE = Shape(2, 5, 33, 7, 3, 5)
 DTYPES = [torch.float32, torch.bfloat16]
@@ -162,9 +161,7 @@ def test_the_tf32_rounding_emulation_reproduces_the_sweeps_tf32_error():
     """experiments/tf32/rounding.py, which predicts the TF32 experiment's error (kernels/NOTES.md),
     gives step 5's rounding the error the sweep measured for step 5 and cuBLAS TF32 at V2-Lite
     (4.1e-4 at every token count), and orders the three roundings as their bias says."""
-    spec = importlib.util.spec_from_file_location("tf32_rounding", REPO / "experiments" / "tf32" / "rounding.py")
-    rounding = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rounding)
+    rounding = experiment_scripts.load("tf32/rounding.py")
     errors = [rounding.error(32, 0, *case) for case in rounding.CASES.values()]
     assert 3.5e-4 < errors[0] < 4.8e-4
     assert errors[0] < errors[1] < errors[2]
@@ -175,9 +172,7 @@ def test_three_tf32_passes_are_as_accurate_as_fp32_in_the_emulation():
     emulation (experiments/tf32/rounding.py) says it can be: within 1.5x of plain fp32 matmuls'
     error, hundreds of times under one TF32 pass's, and under the 1e-5 fp32 steps are held to.
     Keeping only the hi*hi term must cost TF32's error, or the test could not tell."""
-    spec = importlib.util.spec_from_file_location("tf32_rounding", REPO / "experiments" / "tf32" / "rounding.py")
-    rounding = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rounding)
+    rounding = experiment_scripts.load("tf32/rounding.py")
     three = rounding.product_error(32, 0, rounding.three_passes)
     fp32 = rounding.product_error(32, 0, torch.matmul)
     one = rounding.product_error(32, 0, lambda a, b: rounding.parts(a)[0] @ rounding.parts(b)[0])

@@ -4,7 +4,6 @@ Kernel files are torch-free, so this needs only nvcc (CI has it, with no GPU). W
 missing the test fails rather than skips under CI=true: a compile check that never runs is none.
 """
 
-import importlib.util
 import json
 import os
 import random
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
+import experiment_scripts
 from mla_abi import MLA_BFLOAT16, MLA_FLOAT32
 from mla_lab import check
 from mla_lab.problem import Shape
@@ -140,20 +140,13 @@ def test_no_vector_store_is_split_into_4_byte_stores(source, tmp_path):
     assert split_stores(ptx.read_text()) == []
 
 
-def _lab(step: str, script: str = "lab.py"):
-    spec = importlib.util.spec_from_file_location(f"{step}_{Path(script).stem}", REPO / "experiments" / step / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-STEP4_LAB = _lab("step4")
-STEP5_LAB = _lab("step5")
-STEP6_LAB = _lab("step6")
-STEP7_LAB = _lab("step7")
-STEP8_LAB = _lab("step8")
-STEP8_BULK_LAB = _lab("step8", "bulk_lab.py")
-TF32_LAB = _lab("tf32")
+STEP4_LAB = experiment_scripts.load("step4/lab.py")
+STEP5_LAB = experiment_scripts.load("step5/lab.py")
+STEP6_LAB = experiment_scripts.load("step6/lab.py")
+STEP7_LAB = experiment_scripts.load("step7/lab.py")
+STEP8_LAB = experiment_scripts.load("step8/lab.py")
+STEP8_BULK_LAB = experiment_scripts.load("step8/bulk_lab.py")
+TF32_LAB = experiment_scripts.load("tf32/lab.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,25 +2,18 @@
 is built and checked as (so its tolerance), and a variant that fails its checks is left out of the
 timings instead of stopping the lab."""
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+import experiment_scripts
 from mla_lab import check, steps
 from mla_lab.steps import REPO
 
 sys.path.insert(0, str(REPO / "experiments"))
 import labkit  # noqa: E402
-
-
-def _tf32_lab():
-    spec = importlib.util.spec_from_file_location("tf32_lab", REPO / "experiments" / "tf32" / "lab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_each_variant_is_built_as_its_step_and_one_that_fails_is_left_out(monkeypatch):
@@ -48,7 +41,7 @@ def test_each_variant_is_built_as_its_step_and_one_that_fails_is_left_out(monkey
 
 
 def test_the_tf32_lab_holds_its_three_pass_variants_to_fp32s_tolerance():
-    lab = _tf32_lab()
+    lab = experiment_scripts.load("tf32/lab.py")
     assert set(lab.STEP_OF) == {"three_passes", "three_passes_gemm2_narrow"} <= set(lab.CORRECT)
     assert all(step.fp32_math == "fp32" for step in lab.STEP_OF.values()) and lab.STEP.fp32_math == "tf32"
     for name in lab.STEP_OF:
