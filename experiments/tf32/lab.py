@@ -33,6 +33,8 @@ fp32 inputs.
                 as three passes (hi*hi + hi*lo + lo*hi), hidden split by a kernel of its own; held
                 to fp32's tolerance, not TF32's
   three_passes_gemm2_narrow  the same, GEMM 2 in 128 x 128 tiles (3 stages fit instead of 2)
+  three_passes_transposes, three_passes_gemm1, three_passes_gemm2  three passes, one phase alone
+                (garbage); the transposes' phase includes the split of hidden
 """
 import sys
 from pathlib import Path
@@ -70,8 +72,10 @@ EDITS: labkit.Edits = {
     "three_passes_gemm2_narrow": ((THREE_PASSES_OFF, THREE_PASSES_ON),
                                   ("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<128, 128>;")),
 }
+PHASE_VARIANTS = ("transposes", "gemm1", "gemm2")
+EDITS.update({f"three_passes_{phase}": ((THREE_PASSES_OFF, THREE_PASSES_ON), *EDITS[phase]) for phase in PHASE_VARIANTS})
 VARIANTS = ("base", "step5", *[name for name in EDITS if name != "base"])
-GARBAGE = ("transposes", "gemm1", "gemm2", "no_stores")
+GARBAGE = (*PHASE_VARIANTS, *[f"three_passes_{phase}" for phase in PHASE_VARIANTS], "no_stores")
 CORRECT = tuple(name for name in VARIANTS if name not in GARBAGE)
 STEP_OF = {name: THREE_PASSES_STEP for name in VARIANTS if name.startswith("three_passes")}
 
