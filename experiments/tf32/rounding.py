@@ -4,8 +4,11 @@ TF32 (`cvt.rna`) or with its low 13 bits dropped, products summed exactly (float
 stored as fp32 in between. kernels/NOTES.md ("Step 9 experiment") uses it to predict the error of
 experiments/tf32/two_gemms.cu, which rounds the weights and the latent but not hidden; and of its
 three-pass form, where each operand is split into TF32 parts and each product is
-hi*hi + hi*lo + lo*hi, summed in fp32 as the tensor cores sum (a product of two TF32 values is exact
-in fp32), against plain fp32 matmuls.
+hi*hi + hi*lo + lo*hi (a product of two TF32 values is exact in fp32), summed in fp32 rounding to
+nearest, against plain fp32 matmuls. Last, the three passes as the tensor cores sum them: each
+8-deep wgmma adds its exact partial sum into an fp32 accumulator rounding toward zero, which is
+what the first GPU run of the three passes showed (kernels/NOTES.md, "Three TF32 passes"), with
+and without the kernel's fix, runs of 4 chunks (128 deep) added into registers rounding to nearest.
 
     python experiments/tf32/rounding.py [TOKENS]   # V2-Lite widths, 256 tokens by default
 """
@@ -53,7 +56,7 @@ def parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def three_passes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b from TF32 parts in three fp32 matmuls, small terms first, as the kernel sums them."""
+    """a @ b from TF32 parts in three fp32 matmuls, small terms first, as the kernel orders them."""
     (a_hi, a_lo), (b_hi, b_lo) = parts(a), parts(b)
     return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
 
@@ -65,6 +68,45 @@ def product_error(tokens: int, seed: int, matmul) -> float:
     out = matmul(matmul(rows, w_down), w_cat).double()
     return float((out - exact).norm() / exact.norm())
 
+
+def toward_zero(x: torch.Tensor) -> torch.Tensor:
+    """float64 values rounded to fp32 toward zero (returned as float64)."""
+    nearest = x.float()
+    past = nearest.double().abs() > x.abs()
+    return torch.where(past, torch.nextafter(nearest, torch.zeros_like(nearest)), nearest).double()
+
+
+def on_tensor_cores(a: torch.Tensor, b: torch.Tensor, promote_every: int) -> torch.Tensor:
+    """three_passes(a, b) summed as two_gemms.cu sums it: per 8-deep step, lo*hi, hi*lo and hi*hi
+    each added exactly into an fp32 accumulator that rounds toward zero; with promote_every > 0 the
+    accumulator starts afresh every promote_every 32-deep chunks, each run added into an fp32 total
+    that rounds to nearest (Tile::kPromoteChunks)."""
+    (a_hi, a_lo), (b_hi, b_lo) = (tuple(x.double() for x in parts(t)) for t in (a, b))
+    depth, run_depth = a.shape[1], 32 * promote_every if promote_every else a.shape[1]
+    total = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
+    for run in range(0, depth, run_depth):
+        acc = torch.zeros_like(total)
+        for k in range(run, min(depth, run + run_depth), 8):
+            step = slice(k, k + 8)
+            for x, y in ((a_lo, b_hi), (a_hi, b_lo), (a_hi, b_hi)):
+                acc = toward_zero(acc + x[:, step] @ y[step])
+        total = (total + acc).float().double()
+    return total.float()
+
+
+def kernel_error(tokens: int, seed: int, promote_gemm1: int, promote_gemm2: int) -> float:
+    """product_error for the three passes on the tensor cores, each GEMM with its own runs."""
+    rows, w_down, w_cat, exact = problem(tokens, seed)
+    out = on_tensor_cores(on_tensor_cores(rows, w_down, promote_gemm1), w_cat, promote_gemm2).double()
+    return float((out - exact).norm() / exact.norm())
+
+
+# label -> (GEMM 1's, GEMM 2's) runs in chunks, 0 for none
+KERNEL_SUMS = {
+    "three passes, tensor-core sums, no runs (unpromoted)": (0, 0),
+    "the same, GEMM 1 in runs of 4 chunks (three_passes)": (4, 0),
+    "the same, both GEMMs in runs of 4 (gemm2_narrow)": (4, 4),
+}
 
 PRODUCTS = {
     "three TF32 passes (two_gemms.cu, kThreePasses)": three_passes,
@@ -79,6 +121,9 @@ def main(argv: list[str]) -> int:
         print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
     for label, matmul in PRODUCTS.items():
         errors = [product_error(tokens, seed, matmul) for seed in range(3)]
+        print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
+    for label, runs in KERNEL_SUMS.items():
+        errors = [kernel_error(tokens, seed, *runs) for seed in range(3)]
         print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
     return 0
 

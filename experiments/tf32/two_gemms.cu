@@ -43,6 +43,9 @@ constexpr int kSharedBudget = 227 * 1024;
 // Lab switch (experiments/tf32/lab.py, variant three_passes), described at the top.
 constexpr bool kThreePasses = false;
 constexpr int kParts = kThreePasses ? 2 : 1;
+// Lab switch: with three passes, how many chunks' sums the tensor cores carry before a consumer
+// adds them into registers of its own (Tile::kPromoteChunks).
+constexpr int kPromoteEvery = 4;
 
 // A GEMM's block: kBlockM (128 or 64) x kBlockN results, two consumer warpgroups each computing
 // 64 rows x kConsumerN of them (with 128 rows they split the rows, with 64 the columns), and as
@@ -54,6 +57,12 @@ struct Tile {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr bool kSplitRows = kBlockM == 128;
   static constexpr int kConsumerN = kSplitRows ? kBlockN : kBlockN / 2;
+  // The tensor cores round their running sums toward zero (NOTES, "Three TF32 passes"): a bias
+  // that grows with K and, once three passes remove the operands' rounding, is what is left. So
+  // with three passes the tensor cores sum runs of kPromoteChunks chunks, and each run is added
+  // into a second set of accumulators with FADD, which rounds to nearest; only where that second
+  // set fits in registers (64 x 128 or fewer results per consumer).
+  static constexpr int kPromoteChunks = kThreePasses && kConsumerN <= 128 ? kPromoteEvery : 0;
   static constexpr int kThreads = 3 * 128;  // a producer warpgroup, two consumers
   static constexpr int kAPartBytes = kBlockM * kRowBytes, kBPartBytes = kBlockN * kRowBytes;
   static constexpr int kABytes = kParts * kAPartBytes, kBBytes = kParts * kBPartBytes;
@@ -109,9 +118,9 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address) {
 #define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 // d += A (64 x 8, K-major) @ B (8 x 2N, K-major), both TF32 in shared memory: this thread's N
-// accumulators of a 64 x 2N tile (N = 32, 64 or 128).
+// accumulators of a 64 x 2N tile (N = 32, 64 or 128); d = A @ B when `accumulate` is false.
 template <int N>
-__device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b, bool accumulate = true) {
   static_assert(N == 32 || N == 64 || N == 128, "wgmma_tf32 has widths 64, 128 and 256");
   if constexpr (N == 32) {  // m64n64k8
     asm volatile(
@@ -121,7 +130,7 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "%32, %33, accumulate, 1, 1;\n}\n"
         : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24)
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(int(accumulate)));
   } else if constexpr (N == 64) {  // m64n128k8
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
@@ -133,7 +142,7 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b
         "%64, %65, accumulate, 1, 1;\n}\n"
         : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
           MLA_ACC8(48), MLA_ACC8(56)
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(int(accumulate)));
   } else {  // m64n256k8
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"
@@ -150,7 +159,7 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b
         : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
           MLA_ACC8(48), MLA_ACC8(56), MLA_ACC8(64), MLA_ACC8(72), MLA_ACC8(80), MLA_ACC8(88),
           MLA_ACC8(96), MLA_ACC8(104), MLA_ACC8(112), MLA_ACC8(120)
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(int(accumulate)));
   }
 }
 #undef MLA_ACC8
@@ -223,29 +232,53 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int consumer = threadIdx.x / 128 - 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
   const int row0 = T::kSplitRows ? 64 * consumer : 0, column0 = T::kSplitRows ? 0 : T::kConsumerN * consumer;
+  constexpr int kRun = T::kPromoteChunks;
   float acc[T::kConsumerN / 2];
+  float total[kRun != 0 ? T::kConsumerN / 2 : 1];  // with runs: the sum of the runs before this one
 #pragma unroll
   for (int i = 0; i < T::kConsumerN / 2; ++i) acc[i] = 0.0f;
+  if constexpr (kRun != 0) {
+#pragma unroll
+    for (int i = 0; i < T::kConsumerN / 2; ++i) total[i] = 0.0f;
+  }
   fence_registers(acc);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const int slot = chunk % T::kStages;
+    bool run_starts = false, run_ends = false;
+    if constexpr (kRun != 0) run_starts = chunk % kRun == 0, run_ends = chunk % kRun == kRun - 1 || chunk == chunks - 1;
     barrier_wait(full + 8 * slot, chunk / T::kStages & 1);
     wgmma_fence();
 #pragma unroll
     for (int step = 0; step < kChunk / 8; ++step) {  // 8 fp32 deep: 32 bytes along the row
       const uint32_t a = a_at(slot) + row0 * kRowBytes + 32 * step, b = b_at(slot) + column0 * kRowBytes + 32 * step;
+      const bool overwrite = run_starts && step == 0;  // a run's first wgmma starts acc afresh
       if constexpr (kParts == 2) {  // the small terms first
-        wgmma_tf32(acc, descriptor(a + T::kAPartBytes), descriptor(b));
+        wgmma_tf32(acc, descriptor(a + T::kAPartBytes), descriptor(b), !overwrite);
         wgmma_tf32(acc, descriptor(a), descriptor(b + T::kBPartBytes));
+        wgmma_tf32(acc, descriptor(a), descriptor(b));
+      } else {
+        wgmma_tf32(acc, descriptor(a), descriptor(b), !overwrite);
       }
-      wgmma_tf32(acc, descriptor(a), descriptor(b));
     }
     wgmma_commit();
-    wgmma_wait<1>();
+    if (run_ends) {  // the tensor cores drain here, once a run
+      wgmma_wait<0>();
+      fence_registers(acc);
+      if constexpr (kRun != 0) {
+#pragma unroll
+        for (int i = 0; i < T::kConsumerN / 2; ++i) total[i] += acc[i];
+      }
+    } else {
+      wgmma_wait<1>();
+    }
     if (chunk > 0 && warp_leader) barrier_arrive(empty + 8 * ((chunk - 1) % T::kStages));
   }
   wgmma_wait<0>();
   fence_registers(acc);
+  if constexpr (kRun != 0) {
+#pragma unroll
+    for (int i = 0; i < T::kConsumerN / 2; ++i) acc[i] = total[i];
+  }
 
   // wgmma's accumulator layout: this thread holds rows warp * 16 + lane / 4 (and + 8), columns
   // 8 * i + 2 * (lane % 4) and + 1. n is even (rank, and 2 * width), so a pair never straddles it.
