@@ -54,25 +54,19 @@ struct TensorCore<__nv_bfloat16> {
   __device__ static void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int stride) {
     const int lane = threadIdx.x % 32;
     const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(mla::shared_address(row)));
+    mla::ldmatrix_x4(a, row);
   }
   // B: two 8-wide column tiles of the 16 x 16 tile at `tile` (rows are k, so transpose).
   __device__ static void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2],
                                      const __nv_bfloat16* tile, int stride) {
     const int lane = threadIdx.x % 32;
     const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
-                 : "r"(mla::shared_address(row)));
+    uint32_t both[4];
+    mla::ldmatrix_x4_trans(both, row);
+    b0[0] = both[0], b0[1] = both[1], b1[0] = both[2], b1[1] = both[3];
   }
   __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    mla::mma_bf16(c, a, b[0], b[1]);
   }
 };
 
@@ -82,32 +76,23 @@ struct TensorCore<float> {  // fp32 inputs, TF32 math
   static constexpr int kPadA = 4;  // row stride = 4 (mod 32) words: lanes (4 * row + col) differ
   static constexpr int kPadB = 8;  // row stride = 8 (mod 32) words: lanes (8 * k + column) differ
 
-  __device__ static uint32_t tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-  }
   __device__ static void load_a(uint32_t (&a)[4], const float* tile, int stride) {
     const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    a[0] = tf32(tile[g * stride + t]);
-    a[1] = tf32(tile[(g + 8) * stride + t]);
-    a[2] = tf32(tile[g * stride + t + 4]);
-    a[3] = tf32(tile[(g + 8) * stride + t + 4]);
+    a[0] = mla::round_to_tf32(tile[g * stride + t]);
+    a[1] = mla::round_to_tf32(tile[(g + 8) * stride + t]);
+    a[2] = mla::round_to_tf32(tile[g * stride + t + 4]);
+    a[3] = mla::round_to_tf32(tile[(g + 8) * stride + t + 4]);
   }
   __device__ static void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2], const float* tile,
                                      int stride) {
     const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    b0[0] = tf32(tile[t * stride + g]);
-    b0[1] = tf32(tile[(t + 4) * stride + g]);
-    b1[0] = tf32(tile[t * stride + 8 + g]);
-    b1[1] = tf32(tile[(t + 4) * stride + 8 + g]);
+    b0[0] = mla::round_to_tf32(tile[t * stride + g]);
+    b0[1] = mla::round_to_tf32(tile[(t + 4) * stride + g]);
+    b1[0] = mla::round_to_tf32(tile[t * stride + 8 + g]);
+    b1[1] = mla::round_to_tf32(tile[(t + 4) * stride + 8 + g]);
   }
   __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    mla::mma_tf32(c, a, b[0], b[1]);
   }
 };
 

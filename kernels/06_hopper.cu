@@ -32,15 +32,17 @@
 // rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
 // straddles k and v), rank <= 512 (the 128-token latent tile fills 128 KB of shared memory), and
 // 16-byte aligned tensors. Everything else runs step 5 (mla_lab/steps.py chooses).
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <stdint.h>
 
 #include <type_traits>
 
 #include "mla_common.cuh"
+#include "mla_hopper.cuh"
 
 namespace {
+
+using mla::barrier_arrive, mla::barrier_expect_bytes, mla::barrier_init, mla::barrier_wait, mla::descriptor,
+    mla::fence_registers, mla::tma_load, mla::wgmma_commit, mla::wgmma_fence, mla::wgmma_wait;
 
 constexpr int kTokens = 128;          // tokens per block: 64 rows for each consumer warpgroup
 constexpr int kColumns = 128;         // columns of one wgmma tile (latent or output)
@@ -87,31 +89,6 @@ struct Shapes {
   unsigned* ready;
 };
 
-// ---- mbarriers and TMA ---------------------------------------------------------------------
-__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-}
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, int x, int y, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-
 // ---- the cluster ---------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
@@ -149,16 +126,7 @@ __device__ __forceinline__ void wait_for_writers(const unsigned* counter, unsign
   }
 }
 
-// ---- wgmma ---------------------------------------------------------------------------------
-// A shared-memory operand: start address, leading and stride byte offsets, 128-byte swizzle.
-// K-major (A: rows of 64 K): groups of 8 rows are `stride` = 1024 bytes apart; `leading` unused.
-// MN-major (B: rows of 64 columns at one k): 64-column boxes are `leading` bytes apart, groups of
-// 8 k-rows `stride` = 1024 bytes apart (PTX ISA, "Matrix Descriptor Format").
-__device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading, uint32_t stride) {
-  return uint64_t((address & 0x3FFFF) >> 4) | uint64_t((leading & 0x3FFFF) >> 4) << 16 |
-         uint64_t((stride & 0x3FFFF) >> 4) << 32 | 1ull << 62;
-}
-
+// ---- wgmma (descriptors and fences: mla_hopper.cuh) ---------------------------------------
 using Accumulator = float[64];  // this thread's share of a 64 x 128 fp32 tile
 
 #define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
@@ -178,18 +146,6 @@ __device__ __forceinline__ void wgmma_64x128x16(Accumulator& d, uint64_t a, uint
       : "l"(a), "l"(b), "r"(1));
 }
 #undef MLA_ACC8
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-// Keeps the compiler from touching the accumulators across asynchronous wgmma.
-__device__ __forceinline__ void fence_registers(Accumulator& d) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // Calls f(row, column, pair_index) for this thread's result pairs: wgmma's accumulator layout,
 // (row, column) and (row, column + 1) in d[2 * pair_index], d[2 * pair_index + 1].
@@ -526,30 +482,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- host side -----------------------------------------------------------------------------
-PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      function = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encode;
-}
-
 // A 2-D bf16 row-major matrix (rows x columns) read in boxes of box_rows x 64, swizzled.
 bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t columns, int box_rows) {
-  const cuuint64_t dims[2] = {cuuint64_t(columns), cuuint64_t(rows)};
-  const cuuint64_t row_stride[1] = {cuuint64_t(columns) * 2};
-  const cuuint32_t box[2] = {cuuint32_t(kChunk), cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  return encode_function()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims,
-                           row_stride, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, columns, box_rows);
 }
 
 // How many clusters of `blocks` blocks the GPU holds at once (0 if none), asked once per device.
@@ -578,7 +513,7 @@ bool takes_fast_path(const MlaProblem* p) {
                         reinterpret_cast<uintptr_t>(p->w_up_k) | reinterpret_cast<uintptr_t>(p->w_up_v) |
                         reinterpret_cast<uintptr_t>(p->out)) % 16 == 0;
   return p->dtype == MLA_BFLOAT16 && p->d_model % 8 == 0 && p->rank % 8 == 0 && p->rank <= kMaxRank &&
-         p->heads * p->head_dim % 64 == 0 && aligned && encode_function() != nullptr;
+         p->heads * p->head_dim % 64 == 0 && aligned && mla::encode_function() != nullptr;
 }
 
 cudaLaunchConfig_t launch_config(cudaLaunchAttribute* cluster, cudaStream_t stream) {

@@ -84,6 +84,43 @@ def _hopper_applies(hidden, w_down, w_up_k, w_up_v, out) -> bool:
     )
 
 
+BULK_MMA_ARCH_FLAGS = ("-gencode=arch=compute_90,code=sm_90",)  # cp.async.bulk needs sm_90
+
+
+def bulk_mma_shared_bytes(d_model: int, rank: int, width: int, element_bytes: int) -> int:
+    """Shared memory of a kernels/08_bulk_mma.cu block with 2 splits (its layout(), the widest up
+    slice): hidden rows and up rows padded by 16 bytes, w_down, GEMM 1's fp32 partial tiles (one
+    per depth part over 8 warps) and the fp32 latent, each part rounded to 128 bytes."""
+    def align128(n: int) -> int:
+        return -(-n // 128) * 128
+
+    tokens, warps, pad = 16, 8, 16 // element_bytes
+    latent_pitch = rank + (8 if element_bytes == 2 else 4)
+    pairs, steps = rank // 16, d_model // (16 if element_bytes == 2 else 8)
+    depth_parts = 1 if pairs >= warps else min(warps // pairs, steps)
+    return (128 + align128(tokens * (d_model + pad) * element_bytes) + align128(d_model * rank * element_bytes)
+            + align128(rank * (width + pad) * element_bytes) + align128(depth_parts * tokens * latent_pitch * 4)
+            + tokens * latent_pitch * 4)
+
+
+BULK_MMA_SHARED_BUDGET = 227 * 1024  # kSharedBudget in kernels/08_bulk_mma.cu
+
+
+def bulk_mma_takes(d_model: int, rank: int, width: int, element_bytes: int) -> bool:
+    """Whether kernels/08_bulk_mma.cu's launcher takes these sizes (its takes() and plan())."""
+    return (d_model % 16 == 0 and rank % 16 == 0 and width % 8 == 0
+            and bulk_mma_shared_bytes(d_model, rank, width, element_bytes) <= BULK_MMA_SHARED_BUDGET)
+
+
+def _bulk_mma_applies(hidden, w_down, w_up_k, w_up_v, out) -> bool:
+    """Step 8's own kernel on an sm_90 GPU, for sizes its launcher takes and 16-byte aligned tensors."""
+    tensors = [hidden, w_down, w_up_k, w_up_v] + ([] if out is None else [out])
+    return (hidden.is_cuda and torch.cuda.get_device_capability(hidden.device) == (9, 0)
+            and hidden.dim() == 3 and w_down.dim() == 2 and w_up_k.dim() == 2
+            and all(t.data_ptr() % 16 == 0 for t in tensors)
+            and bulk_mma_takes(hidden.shape[-1], w_down.shape[-1], w_up_k.shape[-1], hidden.element_size()))
+
+
 STEPS = (
     Step(1, "naive", "one thread per output element", "ex01_naive.cu", exercise="ex01"),
     Step(
@@ -142,6 +179,19 @@ STEPS = (
         "07_latency.cu",
         max_rank=512,
         limit_reason="the fp32 latent of 8 tokens and the partial sums beside the 8-stage ring must fit the 99 KB of shared memory per block that Ada offers",
+    ),
+    Step(
+        8,
+        "bulk_mma",
+        "for few tokens on Hopper: 16-token blocks fed by TMA bulk copies, both GEMMs on mma.sync (3xTF32 for fp32)",
+        "08_bulk_mma.cu",
+        max_rank=512,
+        limit_reason="its fallback, step 7, takes rank <= 512",
+        arch_flags=BULK_MMA_ARCH_FLAGS,
+        applies=_bulk_mma_applies,
+        fallback=7,
+        fast_path="an sm_90 GPU, d_model and rank multiples of 16, heads*head_dim a multiple of 8, 16-byte aligned "
+                  "tensors, and hidden rows, w_down and an up slice that fit one block's shared memory (the toy's widths)",
     ),
 )
 

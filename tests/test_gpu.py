@@ -131,6 +131,31 @@ def test_step6_takes_its_wgmma_path_where_it_applies():
         assert check.check(kernel, shape, torch.bfloat16, "cuda", trials=1).ok
 
 
+def test_step8_runs_its_own_kernel_exactly_where_applies_says():
+    """`applies` (mla_lab/steps.py) mirrors kernels/08_bulk_mma.cu's takes() and plan(): where it
+    says yes, step 8's own launcher runs and is correct; where it says no, that launcher refuses
+    (called straight, without the fallback to step 7). Shapes around its shared-memory limit too."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("step 8's own kernel needs an sm_90 GPU; elsewhere it runs step 7")
+    step8 = steps.load(8)
+    own = steps.Kernel(steps.get(7), step8.source, step8.library)  # no fallback: the launcher alone
+    budget = steps.BULK_MMA_SHARED_BUDGET
+    near_limit = [Shape(1, 40, d, r, 2, 64) for d in (256, 512) for r in (64, 96, 112, 128, 144, 176)
+                  if any(abs(steps.bulk_mma_shared_bytes(d, r, 128, size) - budget) < 64 * 1024 for size in (2, 4))]
+    shapes = [*check.SHAPE_MATRIX, Shape(3, 37, 256, 48, 4, 32), Shape(2, 9, 128, 64, 3, 24), *near_limit]
+    taken = 0
+    for shape in shapes:
+        for dtype in (torch.float32, torch.bfloat16):
+            inputs = make_inputs(shape, dtype, "cuda")
+            if step8.takes_fast_path(*inputs):
+                taken += 1
+                assert check.check(own, shape, dtype, "cuda", trials=1).ok, (shape, dtype)
+            else:
+                with pytest.raises(RuntimeError, match="not supported"):
+                    own(*inputs, shape.heads)
+    assert taken >= 10, taken
+
+
 def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays():
     kernel = steps.load("hopper")
     if torch.cuda.get_device_capability() != (9, 0):

@@ -208,14 +208,12 @@ def test_step8_experiment_and_its_lab_variants_compile_for_sm90_without_spills(v
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
 
 
-# "step7" is kernels/07_latency.cu itself, compiled above.
-@pytest.mark.parametrize("variant", sorted(set(STEP8_BULK_LAB.VARIANTS) - {"step7"}))
-def test_step8_bulk_experiment_and_its_lab_variants_compile_for_sm90_without_spills(variant, tmp_path):
-    """experiments/step8/bulk_mma.cu (sm_90: TMA bulk copies, mma.sync) is no course step, so no
-    other test compiles it: it and each variant its lab times (NOTES.md's "Step 8 experiment 2")
-    stay buildable."""
-    result = compile_with_ptxas_report(STEP8_BULK_LAB.lab_source(variant), ["-gencode=arch=compute_90,code=sm_90"],
-                                       tmp_path)
+# "base" is kernels/08_bulk_mma.cu and "step7" kernels/07_latency.cu, both compiled above.
+@pytest.mark.parametrize("variant", sorted(set(STEP8_BULK_LAB.VARIANTS) - {"base", "step7"}))
+def test_step8_lab_variants_still_apply_and_compile_without_spills(variant, tmp_path):
+    """experiments/step8/bulk_lab.py edits kernels/08_bulk_mma.cu: each variant NOTES.md measured
+    stays buildable for sm_90."""
+    result = compile_with_ptxas_report(STEP8_BULK_LAB.lab_source(variant), ARCHS_OF["08_bulk_mma.cu"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
 
@@ -249,12 +247,12 @@ print(json.dumps(codes))
 """
 
 
-def refusals_and_fits(experiment: str, lab, shapes: list[tuple[int, int, int, int]], tmp_path):
-    """For each (d_model, rank, heads, head_dim) of `shapes` in both dtypes: whether the launcher of
-    experiments/step8/`experiment` (compiled with nvcc, called with no GPU visible) refuses it, and
-    whether `lab.fits` says it fits."""
-    library = tmp_path / "experiment.so"
-    result = run_nvcc(REPO / "experiments" / "step8" / experiment, ["-gencode=arch=compute_90,code=sm_90"],
+def refusals_and_fits(source: Path, lab, shapes: list[tuple[int, int, int, int]], tmp_path):
+    """For each (d_model, rank, heads, head_dim) of `shapes` in both dtypes: whether the launcher in
+    `source` (compiled with nvcc, called with no GPU visible) refuses it, and whether `lab.fits`
+    says it fits."""
+    library = tmp_path / "launcher.so"
+    result = run_nvcc(source, ["-gencode=arch=compute_90,code=sm_90"],
                       library, "-shared", "-Xcompiler", "-fPIC")
     assert result.returncode == 0, result.stderr
     cases = [(*shape, dtype) for shape in shapes for dtype in (MLA_FLOAT32, MLA_BFLOAT16)]
@@ -272,21 +270,22 @@ def test_step8_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path):
     rng = random.Random(8)
     shapes = [(rng.randint(1, 3000), rng.randint(1, 600), rng.randint(1, 24), rng.randint(1, 160)) for _ in range(400)]
     shapes += [(s.d_model, s.rank, s.heads, s.head_dim) for s in (*STEP8_LAB.CHECKED, *check.SHAPE_MATRIX)]
-    refused, fits = refusals_and_fits("cluster.cu", STEP8_LAB, shapes, tmp_path)
+    refused, fits = refusals_and_fits(REPO / "experiments" / "step8" / "cluster.cu", STEP8_LAB, shapes, tmp_path)
     assert refused == [not f for f in fits]
     assert any(refused) and not all(refused)
 
 
-def test_step8_bulk_lab_runs_exactly_the_shapes_its_experiment_launches(tmp_path):
-    """experiments/step8/bulk_lab.py picks the shapes to check by a copy of the launcher's tests
-    (`fits`: sizes, and the shared-memory arithmetic); the launcher refuses the others before it
-    asks the GPU anything. The two must agree, at the shared-memory budget's edge too."""
+def test_step8_applies_exactly_where_its_launcher_takes_the_sizes(tmp_path):
+    """`applies` (mla_lab/steps.py, through `bulk_mma_takes`, which experiments/step8/bulk_lab.py's
+    `fits` asks) copies kernels/08_bulk_mma.cu's tests of the sizes and its shared-memory
+    arithmetic; the launcher refuses the others before it asks the GPU anything, and mla_lab
+    runs step 7 for them. The two must agree, at the shared-memory budget's edge too."""
     rng = random.Random(8)
     shapes = [(16 * rng.randint(1, 40) + rng.choice((0, 0, 8)), 16 * rng.randint(1, 40) + rng.choice((0, 0, 4)),
                rng.randint(1, 24), rng.choice((8, 16, 24, 32, 12, 7, 128))) for _ in range(300)]
     # rank 128, 2 x 64 columns: 128 bytes under the budget in fp32; rank 144 is over it
     shapes += [(256, 128, 2, 64), (256, 144, 2, 64), (512, 64, 2, 64), (512, 96, 2, 64)]
     shapes += [(s.d_model, s.rank, s.heads, s.head_dim) for s in (*STEP8_BULK_LAB.FITTING, *check.SHAPE_MATRIX)]
-    refused, fits = refusals_and_fits("bulk_mma.cu", STEP8_BULK_LAB, shapes, tmp_path)
+    refused, fits = refusals_and_fits(KERNELS_DIR / "08_bulk_mma.cu", STEP8_BULK_LAB, shapes, tmp_path)
     assert refused == [not f for f in fits]
     assert refused.count(True) > 50 and refused.count(False) > 50

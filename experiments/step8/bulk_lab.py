@@ -1,8 +1,8 @@
-"""The second step 8 experiment (experiments/step8/bulk_mma.cu: TMA bulk copies and mma.sync at the
-toy, sm_90) and its variants, timed beside step 7 on an H200: what kernels/NOTES.md ("Step 8
-experiment 2") measured.
+"""Step 8 (kernels/08_bulk_mma.cu: TMA bulk copies and mma.sync at the toy, sm_90) and its variants,
+timed beside step 7 on an H200: what kernels/NOTES.md ("Step 8 experiment 2", then step 8)
+measured.
 
-Each variant is bulk_mma.cu with edits (failing loudly when the file no longer has the text an
+Each variant is 08_bulk_mma.cu with edits (failing loudly when the file no longer has the text an
 edit replaces). Those in CORRECT are checked first against float64 with NaN-poisoned outputs, on
 the shapes the launcher takes (FITTING); all are then timed in one process on the same inputs,
 graph replay, median µs, in interleaved rounds (`bench.compare`):
@@ -11,7 +11,7 @@ graph replay, median µs, in interleaved rounds (`bench.compare`):
     python experiments/step8/bulk_lab.py --check [VARIANT...]  # the quick shapes only (for compute-sanitizer)
     python experiments/step8/bulk_lab.py --profile VARIANT DTYPE  # 4 toy calls, no checks (for ncu --launch-skip 3)
 
-  base        experiments/step8/bulk_mma.cu (the launcher picks the splits)
+  base        kernels/08_bulk_mma.cu (the launcher picks the splits)
   step7       kernels/07_latency.cu, the course's kernel for the toy
   splits2     2 blocks per token tile (k and v)
   splits8     the most blocks per token tile, up to 8, in one wave or not
@@ -35,14 +35,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import check  # noqa: E402
+from mla_lab import check, steps  # noqa: E402
 from mla_lab.problem import TOY, Shape  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build" / "bulk"
-KERNEL = "experiments/step8/bulk_mma.cu"
+KERNEL = "kernels/08_bulk_mma.cu"
 PHASES = ("barriers set up", "copies issued", "zeroed", "operands landed", "GEMM 1, thread 0's warp's part",
           "its part stored", "every part added", "up landed", "GEMM 2")
-MARKS = 12  # kMarks in bulk_mma.cu
+MARKS = 12  # kMarks in 08_bulk_mma.cu
 
 # Each operand in one bulk copy, its rows unpadded (so the results are garbage): does the number
 # of copies set how long they take?
@@ -81,29 +81,9 @@ TIMED = (("toy fp32", TOY, torch.float32), ("toy bf16", TOY, torch.bfloat16),
          ("toy@4096 bf16", Shape(1, 4096, 256, 48, 4, 32), torch.bfloat16),
          ("toy@4096 fp32", Shape(1, 4096, 256, 48, 4, 32), torch.float32))
 
-SHARED_BUDGET = 227 * 1024  # kSharedBudget in bulk_mma.cu
-
-
-def shared_bytes(d_model: int, rank: int, width: int, element_bytes: int) -> int:
-    """Shared memory of a bulk_mma.cu block with 2 splits (its layout(), the widest up slice):
-    hidden rows and up rows padded by 16 bytes, w_down, GEMM 1's fp32 partial tiles (one per depth
-    part over 8 warps) and the fp32 latent, each part rounded up to 128 bytes."""
-    def align128(n: int) -> int:
-        return -(-n // 128) * 128
-
-    tokens, warps, pad = 16, 8, 16 // element_bytes
-    latent_pitch = rank + (8 if element_bytes == 2 else 4)
-    pairs, steps_ = rank // 16, d_model // (16 if element_bytes == 2 else 8)
-    depth_parts = 1 if pairs >= warps else min(warps // pairs, steps_)
-    return (128 + align128(tokens * (d_model + pad) * element_bytes) + align128(d_model * rank * element_bytes)
-            + align128(rank * (width + pad) * element_bytes) + align128(depth_parts * tokens * latent_pitch * 4)
-            + tokens * latent_pitch * 4)
-
-
 def fits(shape: Shape, element_bytes: int) -> bool:
-    """Whether bulk_mma.cu's launcher takes the shape (mirrors its takes() and plan())."""
-    return (shape.d_model % 16 == 0 and shape.rank % 16 == 0 and shape.width % 8 == 0
-            and shared_bytes(shape.d_model, shape.rank, shape.width, element_bytes) <= SHARED_BUDGET)
+    """Whether step 8's own launcher takes the shape (mla_lab/steps.py mirrors its tests)."""
+    return steps.bulk_mma_takes(shape.d_model, shape.rank, shape.width, element_bytes)
 
 
 EXTRA = (Shape(3, 37, 256, 48, 4, 32),   # a last tile of 15 tokens

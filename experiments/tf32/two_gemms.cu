@@ -29,13 +29,15 @@
 //
 // Runs fp32 on an sm_90 GPU with d_model and rank multiples of 4 (TMA rows start 16-byte
 // aligned), hidden 16-byte and out 8-byte aligned.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <stdint.h>
 
 #include "mla_common.cuh"
+#include "mla_hopper.cuh"
 
 namespace {
+
+using mla::barrier_arrive, mla::barrier_expect_bytes, mla::barrier_init, mla::barrier_wait, mla::fence_registers,
+    mla::tma_load, mla::wgmma_commit, mla::wgmma_fence, mla::wgmma_wait;
 
 constexpr int kChunk = 32;     // K per stage: one 128-byte swizzled row of fp32
 constexpr int kRowBytes = 128;
@@ -74,46 +76,13 @@ struct Tile {
 using Gemm1Tile = Tile<128, 128>;  // V2-Lite 4096 tokens: 32 x 4 = 128 blocks
 using Gemm2Tile = Tile<128, 256>;  // V2-Lite 4096 tokens: 32 x 16 = 512 blocks
 
-// ---- mbarriers and TMA (as in step 6) ----------------------------------------------------
-__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-}
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, int x, int y, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-
 // ---- wgmma ---------------------------------------------------------------------------------
-// x rounded to the nearest TF32 value (in fp32 bits), as step 5 rounds its operands.
-__device__ __forceinline__ uint32_t round_to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ float tf32(float x) { return __uint_as_float(round_to_tf32(x)); }
+// x rounded to the nearest TF32 value, as step 5 rounds its operands.
+__device__ __forceinline__ float tf32(float x) { return __uint_as_float(mla::round_to_tf32(x)); }
 // What x leaves after its TF32 part hi: exact in fp32, then rounded to TF32 itself.
 __device__ __forceinline__ float tf32_rest(float x, float hi) { return tf32(x - hi); }
-// A K-major operand in 128-byte swizzled rows: groups of 8 rows 1024 bytes apart (the leading
-// offset is unused for this layout). PTX ISA, "Matrix Descriptor Format".
-__device__ __forceinline__ uint64_t descriptor(uint32_t address) {
-  return uint64_t((address & 0x3FFFF) >> 4) | uint64_t(16 >> 4) << 16 | uint64_t(1024 >> 4) << 32 | 1ull << 62;
-}
+// Both operands are K-major, in 128-byte swizzled rows: groups of 8 rows 1024 bytes apart.
+__device__ __forceinline__ uint64_t descriptor(uint32_t address) { return mla::descriptor(address, 16, 1024); }
 
 #define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -163,19 +132,6 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b
   }
 }
 #undef MLA_ACC8
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-// Keeps the compiler from touching the accumulators across asynchronous wgmma.
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // How a GEMM stores C: as computed (the output), or as the next GEMM's A operand: rounded to
 // TF32, or split into TF32 parts (hi into c, lo into c_lo).
@@ -271,7 +227,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       wgmma_wait<1>();
     }
-    if (chunk > 0 && warp_leader) barrier_arrive(empty + 8 * ((chunk - 1) % T::kStages));
+    if (chunk > 0 && warp_leader) barrier_arrive(empty + 8 * ((chunk - 1) % T::kStages), 1);
   }
   wgmma_wait<0>();
   fence_registers(acc);
@@ -356,29 +312,9 @@ __global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ h
 }
 
 // ---- host side -----------------------------------------------------------------------------
-PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      function = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encode;
-}
-
 // A row-major fp32 matrix (rows x columns) read in swizzled boxes of box_rows x 32.
 bool make_map(CUtensorMap* map, const float* data, int64_t rows, int64_t columns, int box_rows) {
-  const cuuint64_t dims[2] = {cuuint64_t(columns), cuuint64_t(rows)};
-  const cuuint64_t row_stride[1] = {cuuint64_t(columns) * 4};
-  const cuuint32_t box[2] = {cuuint32_t(kChunk), cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  return encode_function()(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(data), dims, row_stride,
-                           box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows, columns, box_rows);
 }
 
 // An operand in TF32 parts: `hi`, and with kParts == 2 `lo` (else unused).
@@ -426,7 +362,7 @@ Workspace workspace_of(const MlaProblem* p) {
 bool takes(const MlaProblem* p) {
   return p->dtype == MLA_FLOAT32 && p->d_model % 4 == 0 && p->rank % 4 == 0 &&
          reinterpret_cast<uintptr_t>(p->hidden) % 16 == 0 && reinterpret_cast<uintptr_t>(p->out) % 8 == 0 &&
-         encode_function() != nullptr;
+         mla::encode_function() != nullptr;
 }
 
 }  // namespace

@@ -1,13 +1,11 @@
-// An experiment after step 7 (sm_90): for few tokens, the operands fetched by a few TMA bulk
-// copies and both GEMMs on mma.sync tensor cores. Faster than step 7 at the toy (kernels/NOTES.md,
-// "Step 8 experiment 2"), and not yet a course step: a step must come with the sweep and the
-// notebooks re-run on a GPU, which this stop had no machine for.
+// Step 8 — Hopper, for few tokens: the operands fetched by a few TMA bulk copies, both GEMMs on
+// mma.sync tensor cores.
 //
 // Step 7's toy blocks spend most of their time issuing instructions (kernels/NOTES.md): about
 // 3,800 cycles before thread 0 has issued its 16-byte copies, then GEMM 1 at 23-33 of an SM's 128
-// FFMA per cycle, with two warps per scheduler to hide each chain of dependent instructions. The
-// first step 8 experiment (cluster.cu) split the reduction over a cluster, cut the bytes fivefold
-// and was no faster. What changed here:
+// FFMA per cycle, with two warps per scheduler to hide each chain of dependent instructions. An
+// sm_90 experiment that split the reduction over a cluster (experiments/step8/cluster.cu) cut
+// the bytes fivefold and was no faster. What changed here:
 // - A block owns 16 tokens (one mma row tile) and a slice of [k | v]'s output columns; `splits`
 //   blocks share a token tile (each recomputes the tile's latent, as in step 5), the most that
 //   fit one wave: at the toy, 24 token tiles x 4 slices of 64 columns.
@@ -24,15 +22,16 @@
 // - bf16: m16n8k16 with ldmatrix, the latent rounded to bf16 as GEMM 2's A (as in step 5). fp32:
 //   m16n8k8 in three TF32 passes (a = a_hi + a_lo, dropping a_lo * b_lo), which keeps fp32's
 //   tolerance (worst relative error 5e-7 on the lab's shapes, against fp32's 1e-5).
-// The launcher takes shapes whose operands fit kSharedBudget (the toy's widths; not V2-Lite's),
-// with d_model and rank multiples of 16, heads * head_dim a multiple of 8 and 16-byte aligned
-// tensors; it returns cudaErrorNotSupported for the others, before it touches the GPU
-// (experiments/step8/bulk_lab.py's fits() mirrors takes() and plan(), and runs only shapes that
-// fit). kTimeline and kMostSplits are that lab's switches.
+// It takes shapes whose operands fit kSharedBudget (the toy's widths; not V2-Lite's), with
+// d_model and rank multiples of 16, heads * head_dim a multiple of 8 and 16-byte aligned
+// tensors, on sm_90; the launcher refuses the others before it touches the GPU, and mla_lab runs
+// step 7 for them (`applies` in mla_lab/steps.py mirrors takes() and plan()). kTimeline and
+// kMostSplits are experiments/step8/bulk_lab.py's switches.
 
 #include <stdint.h>
 
 #include "mla_common.cuh"
+#include "mla_hopper.cuh"
 
 namespace {
 
@@ -46,7 +45,7 @@ constexpr int kIssuers = 128;              // threads that issue the bulk copies
 constexpr bool kTimeline = false;          // the lab's timeline: clock64 marks instead of stores
 constexpr int kMarks = 12;
 constexpr int kHiddenPad = 16, kUpPad = 16;  // bytes added to each shared row of hidden and of the up slice
-constexpr int kSharedBudget = 227 * 1024;  // an sm_90 block's opt-in shared memory; also in bulk_lab.py
+constexpr int kSharedBudget = 227 * 1024;  // an sm_90 block's opt-in shared memory; also in mla_lab/steps.py
 
 struct Geometry {
   int64_t tokens;
@@ -59,58 +58,20 @@ struct Geometry {
 
 __host__ __device__ constexpr int align128(int64_t bytes) { return int(mla::round_up(bytes, 128)); }
 
-// ---- mbarriers and bulk copies ----------------------------------------------------------------
-__device__ __forceinline__ void barrier_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void barrier_wait(uint32_t bar) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar) : "memory");
-  }
-}
+// ---- bulk copies (they complete on mbarriers: mla_hopper.cuh) -------------------------------
 __device__ __forceinline__ void bulk_copy(void* to, const void* from, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(mla::shared_address(to)), "l"(from), "r"(bytes), "r"(bar) : "memory");
 }
 
-// ---- tensor-core fragments ----------------------------------------------------------------------
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(mla::shared_address(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(mla::shared_address(p)));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-               : "=r"(r[0]), "=r"(r[1]) : "r"(mla::shared_address(p)));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+// ---- fp32 on TF32 tensor cores --------------------------------------------------------------
 // x = hi + lo, each a TF32 value (in fp32 bits).
 template <int N>
 __device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi[i]) : "f"(x[i]));
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo[i]) : "f"(x[i] - __uint_as_float(hi[i])));
+    hi[i] = mla::round_to_tf32(x[i]);
+    lo[i] = mla::round_to_tf32(x[i] - __uint_as_float(hi[i]));
   }
 }
 // a * b to about fp32's accuracy: a_hi * b_hi into `big`, the cross terms into `small` (two
@@ -120,9 +81,9 @@ __device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&small)[4], c
   uint32_t a_hi[4], a_lo[4], b_hi[2], b_lo[2];
   split_tf32(a, a_hi, a_lo);
   split_tf32(b, b_hi, b_lo);
-  mma_tf32(small, a_lo, b_hi);
-  mma_tf32(small, a_hi, b_lo);
-  mma_tf32(big, a_hi, b_hi);
+  mla::mma_tf32(small, a_lo, b_hi[0], b_hi[1]);
+  mla::mma_tf32(small, a_hi, b_lo[0], b_lo[1]);
+  mla::mma_tf32(big, a_hi, b_hi[0], b_hi[1]);
 }
 __device__ __forceinline__ void add_into(float (&c)[4], const float (&small)[4]) {
 #pragma unroll
@@ -146,10 +107,10 @@ __device__ __forceinline__ void gemm1_part(const __nv_bfloat16* hidden, const __
   const __nv_bfloat16* b = down + (lane % 16) * g.rank + pair * 16 + (lane / 16) * 8;
   for (int s = s0; s < s1; ++s) {
     uint32_t af[4], bf[4];
-    ldmatrix_x4(af, a + s * 16);
-    ldmatrix_x4_trans(bf, b + s * 16 * g.rank);
-    mma_bf16(c[0], af, bf[0], bf[1]);
-    mma_bf16(c[1], af, bf[2], bf[3]);
+    mla::ldmatrix_x4(af, a + s * 16);
+    mla::ldmatrix_x4_trans(bf, b + s * 16 * g.rank);
+    mla::mma_bf16(c[0], af, bf[0], bf[1]);
+    mla::mma_bf16(c[1], af, bf[2], bf[3]);
   }
 }
 __device__ __forceinline__ void gemm1_part(const float* hidden, const float* down, const Geometry& g, int pair,
@@ -185,8 +146,8 @@ __device__ __forceinline__ void gemm2_tile(const float* latent, const __nv_bfloa
       af[i] = mla::pack_bf16(pair.x, pair.y);
     }
     uint32_t bf[2];
-    ldmatrix_x2_trans(bf, b + k * g.up_pitch);
-    mma_bf16(c, af, bf[0], bf[1]);
+    mla::ldmatrix_x2_trans(bf, b + k * g.up_pitch);
+    mla::mma_bf16(c, af, bf[0], bf[1]);
   }
 }
 __device__ __forceinline__ void gemm2_tile(const float* latent, const float* up, const Geometry& g, int n0,
@@ -236,11 +197,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t down_bytes = uint32_t(g.d_model) * uint32_t(g.rank) * sizeof(T);
   const uint32_t up_row_bytes = uint32_t(g.slice) * sizeof(T);
   if (threadIdx.x == 0) {
-    barrier_init(operands_landed);
-    barrier_init(up_landed);
+    mla::barrier_init(operands_landed, 1);
+    mla::barrier_init(up_landed, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    barrier_expect_bytes(operands_landed, uint32_t(rows) * row_bytes + down_bytes);
-    barrier_expect_bytes(up_landed, uint32_t(g.rank) * up_row_bytes);
+    mla::barrier_expect_bytes(operands_landed, uint32_t(rows) * row_bytes + down_bytes);
+    mla::barrier_expect_bytes(up_landed, uint32_t(g.rank) * up_row_bytes);
   }
   __syncthreads();
   mark(0);
@@ -273,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   mark(2);
-  barrier_wait(operands_landed);
+  mla::barrier_wait(operands_landed, 0);
   mark(3);
 
   constexpr int kStep = sizeof(T) == 2 ? 16 : 8;  // mma's depth
@@ -301,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   mark(6);
-  barrier_wait(up_landed);
+  mla::barrier_wait(up_landed, 0);
   mark(7);
 
   const int gid = lane / 4, q = lane % 4;
@@ -372,7 +333,7 @@ bool plan(const MlaProblem& p, int element_bytes, Geometry* out) {
 template <typename T>
 cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   Geometry g;
-  if (!takes(p) || !plan(p, sizeof(T), &g)) return cudaErrorNotSupported;  // the lab runs only shapes that fit
+  if (!takes(p) || !plan(p, sizeof(T), &g)) return cudaErrorNotSupported;  // mla_lab runs step 7 for these
   cudaError_t err = mla::allow_shared_memory(bulk_mma_kernel<T>, g.bytes);
   if (err != cudaSuccess) return err;
   const unsigned blocks = unsigned(mla::ceil_div(p.tokens, kTokens) * g.splits);

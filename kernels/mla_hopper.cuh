@@ -1,0 +1,95 @@
+// Helpers shared by the Hopper (sm_90) steps and experiments: mbarriers, TMA tensor copies and
+// their tensor maps, wgmma's operand descriptors and fences. Only code built for sm_90 (and sm_90a,
+// for wgmma) includes it; kernels/mla_common.cuh holds what every step shares.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+namespace mla {
+
+// ---- mbarriers ---------------------------------------------------------------------------------
+// A barrier completes its phase once `count` threads have arrived and the bytes it was told to
+// expect have landed; waiters name the phase's parity.
+__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
+
+// ---- TMA ---------------------------------------------------------------------------------------
+// One thread copies the box of `map` at (x, y) into shared memory at dst; it completes on the
+// mbarrier at bar, counting the whole box's bytes (boxes past a tensor's edge land zeros).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+
+// cuTensorMapEncodeTiled through the runtime (no -lcuda), or nullptr where the driver lacks it.
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      function = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+// A 2-D row-major matrix (rows x columns) of `element_bytes`-byte elements read in boxes of
+// box_rows x one 128-byte row, swizzled as wgmma reads them without bank conflicts.
+inline bool make_swizzled_map(CUtensorMap* map, const void* data, CUtensorMapDataType type, int element_bytes,
+                              int64_t rows, int64_t columns, int box_rows) {
+  const cuuint64_t dims[2] = {cuuint64_t(columns), cuuint64_t(rows)};
+  const cuuint64_t row_stride[1] = {cuuint64_t(columns) * cuuint64_t(element_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(128 / element_bytes), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode_function()(map, type, 2, const_cast<void*>(data), dims, row_stride, box, element_strides,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// ---- wgmma -------------------------------------------------------------------------------------
+// A shared-memory operand: start address, leading and stride byte offsets, 128-byte swizzle.
+// K-major (rows of one 128-byte run of K: 64 bf16 or 32 fp32): groups of 8 rows are `stride` =
+// 1024 bytes apart; `leading` unused. MN-major (bf16 only: rows of 64 columns at one k): 64-column
+// boxes are `leading` bytes apart, groups of 8 k-rows `stride` = 1024 bytes apart (PTX ISA,
+// "Matrix Descriptor Format").
+__device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading, uint32_t stride) {
+  return uint64_t((address & 0x3FFFF) >> 4) | uint64_t((leading & 0x3FFFF) >> 4) << 16 |
+         uint64_t((stride & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from touching the accumulators across asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+}  // namespace mla
