@@ -1,13 +1,15 @@
 """The committed benchmark results: complete, self-describing, and the README's table made from them."""
 
+import json
 import re
 
 import matplotlib.pyplot as plt
 import pytest
 
-from mla_lab import bench, plots, steps, sweep
+from mla_lab import bench, notebooks, plots, steps, sweep
 
 SWEEPS = sweep.committed_sweeps()
+NOTEBOOKS = sorted(notebooks.NOTEBOOK_DIR.glob("*.ipynb"))
 META_FIELDS = {"device", "compute_capability", "driver", "torch", "cuda", "date", "command", "git_commit", "sources", "ceilings"}
 
 
@@ -31,6 +33,25 @@ def test_the_newest_sweep_measured_the_sources_as_they_are():
         f"results were measured on sources {newest.meta['sources']}, these are {sweep.sources_fingerprint()}: "
         "run `make bench` and `make notebooks` on a GPU machine and commit results/ and notebooks/"
     )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_notebook_outputs_come_from_these_cells_on_the_measured_sources(path):
+    rerun = "run `make notebooks` on a GPU machine and commit notebooks/"
+    notebook = json.loads(path.read_text())
+    ran_on = notebook["metadata"].get(notebooks.STAMP, {}).get("sources")
+    assert ran_on == sweep.sources_fingerprint(), (
+        f"{path.name} was executed on sources {ran_on}, these are {sweep.sources_fingerprint()}: {rerun}")
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] != "code" or not cell["outputs"]:
+            continue
+        executed = cell["metadata"].get(notebooks.STAMP, {}).get("executed_source")
+        assert executed == notebooks.cell_digest("".join(cell["source"])), (
+            f"{path.name}, cell {index}: its code changed after its outputs were stored: {rerun}")
+        for output in cell["outputs"]:
+            text = "".join(output.get("text", ""))
+            assert output.get("output_type") != "error" and "Warning" not in text, (
+                f"{path.name}, cell {index} stored an error or a warning: {text[:200]}")
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
