@@ -36,6 +36,20 @@ def tf32_round(t: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
+def tf32_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """t as two TF32 values: hi = t rounded, lo = what that leaves (exact in fp32), rounded."""
+    hi = tf32_round(t)
+    return hi, tf32_round(t.float() - hi)
+
+
+def three_tf32_passes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b on TF32 tensor cores with fp32's accuracy: a_lo b_hi + a_hi b_lo + a_hi b_hi, small
+    terms first. A product of two TF32 values is exact in fp32, so only the fp32 sums round; the
+    dropped a_lo b_lo is about 2^-22 of a product, below fp32's own rounding."""
+    (a_hi, a_lo), (b_hi, b_lo) = tf32_parts(a), tf32_parts(b)
+    return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+
+
 def tolerance(fn: object, dtype: torch.dtype) -> float:
     if dtype == torch.float32 and getattr(fn, "fp32_math", "fp32") == "tf32":
         return TF32_TOLERANCE

@@ -173,9 +173,9 @@ def test_three_tf32_passes_are_as_accurate_as_fp32_in_the_emulation():
     error, hundreds of times under one TF32 pass's, and under the 1e-5 fp32 steps are held to.
     Keeping only the hi*hi term must cost TF32's error, or the test could not tell."""
     rounding = experiment_scripts.load("tf32/rounding.py")
-    three = rounding.product_error(32, 0, rounding.three_passes)
+    three = rounding.product_error(32, 0, check.three_tf32_passes)
     fp32 = rounding.product_error(32, 0, torch.matmul)
-    one = rounding.product_error(32, 0, lambda a, b: rounding.parts(a)[0] @ rounding.parts(b)[0])
+    one = rounding.product_error(32, 0, lambda a, b: check.tf32_round(a) @ check.tf32_round(b))
     assert three < 1.5 * fp32 and three < check.tolerance(None, torch.float32)
     assert one > 3e-4 and one > 500 * three
 
@@ -191,4 +191,4 @@ def test_tensor_core_sums_toward_zero_explain_the_three_passes_miss_and_runs_fix
     unpromoted, gemm1_runs, both_runs = (rounding.kernel_error(8, 0, *runs) for runs in rounding.KERNEL_SUMS.values())
     assert 1.5e-5 < unpromoted < 3.5e-5
     assert both_runs < gemm1_runs < tolerance / 1.5
-    assert rounding.product_error(8, 0, rounding.three_passes) < unpromoted / 20
+    assert rounding.product_error(8, 0, check.three_tf32_passes) < unpromoted / 20

@@ -17,6 +17,7 @@ import sys
 import torch
 
 from mla_lab.check import tf32_round as rounded
+from mla_lab.check import tf32_parts, three_tf32_passes
 from mla_lab.problem import V2_LITE, make_inputs
 
 
@@ -49,18 +50,6 @@ CASES = {
 }
 
 
-def parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """t's TF32 parts as two_gemms.cu makes them: hi = t rounded, lo = what that leaves, rounded."""
-    hi = rounded(t)
-    return hi, rounded(t.float() - hi)
-
-
-def three_passes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b from TF32 parts in three fp32 matmuls, small terms first, as the kernel orders them."""
-    (a_hi, a_lo), (b_hi, b_lo) = parts(a), parts(b)
-    return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
-
-
 def product_error(tokens: int, seed: int, matmul) -> float:
     """The relative error of (hidden @ w_down) @ [w_up_k | w_up_v] with both products by `matmul`
     on fp32 inputs, the latent fp32 in between."""
@@ -77,11 +66,11 @@ def toward_zero(x: torch.Tensor) -> torch.Tensor:
 
 
 def on_tensor_cores(a: torch.Tensor, b: torch.Tensor, promote_every: int) -> torch.Tensor:
-    """three_passes(a, b) summed as two_gemms.cu sums it: per 8-deep step, lo*hi, hi*lo and hi*hi
+    """three_tf32_passes(a, b) summed as two_gemms.cu sums it: per 8-deep step, lo*hi, hi*lo and hi*hi
     each added exactly into an fp32 accumulator that rounds toward zero; with promote_every > 0 the
     accumulator starts afresh every promote_every 32-deep chunks, each run added into an fp32 total
     that rounds to nearest (Tile::kPromoteChunks)."""
-    (a_hi, a_lo), (b_hi, b_lo) = (tuple(x.double() for x in parts(t)) for t in (a, b))
+    (a_hi, a_lo), (b_hi, b_lo) = (tuple(x.double() for x in tf32_parts(t)) for t in (a, b))
     depth, run_depth = a.shape[1], 32 * promote_every if promote_every else a.shape[1]
     total = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
     for run in range(0, depth, run_depth):
@@ -109,7 +98,7 @@ KERNEL_SUMS = {
 }
 
 PRODUCTS = {
-    "three TF32 passes (two_gemms.cu, kThreePasses)": three_passes,
+    "three TF32 passes (two_gemms.cu, kThreePasses)": three_tf32_passes,
     "fp32 matmuls (as cuBLAS fp32 and step 4)": torch.matmul,
 }
 
