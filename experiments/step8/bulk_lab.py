@@ -27,6 +27,10 @@ graph replay, median µs, in interleaved rounds (`bench.compare`):
   one_copy    each operand in one bulk copy, rows unpadded (garbage: for timing only)
   timeline    no output stores; thread 0 of every block marks clock64 after each phase, written
               over the output (printed as medians (max) over the blocks, then timed)
+
+experiments/step8/tma_copies.patch is the form with TMA tensor copies (stop 29; not adopted,
+kernels/NOTES.md): `git apply` it and this lab's base is that form and its variant `bulk` the bulk
+copies (`python experiments/step8/bulk_lab.py base bulk step7`); `git apply -R` takes it back out.
 """
 import sys
 from pathlib import Path
