@@ -172,6 +172,25 @@ def peers(inputs: Inputs, heads: int) -> dict[str, Callable[[], object]]:
     }
 
 
+class CublasConcatTf32:
+    """The sweep's "cuBLAS concat TF32" peer as a contender for `compare`: two cuBLAS GEMMs with
+    TF32 allowed, through [w_up_k | w_up_v] concatenated once per pair of weights (outside the
+    timing, as `peers` does). Checked at TF32's tolerance, and handed a NaN-poisoned `out` as the
+    course's kernels are."""
+
+    fp32_math = "tf32"
+    writes_into_out = True
+
+    def __init__(self) -> None:
+        self._concatenated: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, hidden, w_down, w_up_k, w_up_v, heads, out):
+        key = (w_up_k.data_ptr(), w_up_v.data_ptr())
+        if key not in self._concatenated:
+            self._concatenated[key] = layout.concat_weights(w_up_k, w_up_v)
+        return layout.concat_projection(hidden, w_down, self._concatenated[key], heads, out, allow_tf32=True)
+
+
 def compare(
     kernels: dict[str, Callable],
     shape: Shape,

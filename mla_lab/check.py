@@ -50,6 +50,33 @@ def three_tf32_passes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
 
 
+def toward_zero(x: torch.Tensor) -> torch.Tensor:
+    """float64 values rounded to fp32 toward zero (returned as float64)."""
+    nearest = x.float()
+    past = nearest.double().abs() > x.abs()
+    return torch.where(past, torch.nextafter(nearest, torch.zeros_like(nearest)), nearest).double()
+
+
+def three_tf32_passes_on_tensor_cores(a: torch.Tensor, b: torch.Tensor, run_chunks: int) -> torch.Tensor:
+    """three_tf32_passes(a, b) summed as steps 9 and 10 (kernels/09_tf32_wgmma.cu) sum it on the
+    tensor cores: per 8-deep wgmma, lo*hi, hi*lo and hi*hi each added exactly into an fp32
+    accumulator that rounds toward zero (what the H200 was measured to do, kernels/NOTES.md); with
+    run_chunks > 0 the accumulator starts afresh every run_chunks 32-deep chunks, and each run is
+    added into an fp32 total that rounds to nearest (step 10's FADDs)."""
+    (a_hi, a_lo), (b_hi, b_lo) = (tuple(x.double() for x in tf32_parts(t)) for t in (a, b))
+    depth = a.shape[1]
+    run_depth = 32 * run_chunks if run_chunks else depth
+    total = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
+    for run in range(0, depth, run_depth):
+        acc = torch.zeros_like(total)
+        for k in range(run, min(depth, run + run_depth), 8):
+            step = slice(k, k + 8)
+            for x, y in ((a_lo, b_hi), (a_hi, b_lo), (a_hi, b_hi)):
+                acc = toward_zero(acc + x[:, step] @ y[step])
+        total = (total + acc).float().double()
+    return total.float()
+
+
 def tolerance(fn: object, dtype: torch.dtype) -> float:
     if dtype == torch.float32 and getattr(fn, "fp32_math", "fp32") == "tf32":
         return TF32_TOLERANCE

@@ -38,12 +38,20 @@ def per_head_weights(w_up_k: torch.Tensor, w_up_v: torch.Tensor, heads: int) -> 
 
 
 def concat_projection(
-    hidden: torch.Tensor, w_down: torch.Tensor, w_cat: torch.Tensor, heads: int, out: torch.Tensor
+    hidden: torch.Tensor, w_down: torch.Tensor, w_cat: torch.Tensor, heads: int, out: torch.Tensor,
+    allow_tf32: bool = False,
 ) -> torch.Tensor:
-    """The operator as two cuBLAS GEMMs, the second writing the stacked output in place: no stack."""
+    """The operator as two cuBLAS GEMMs, the second writing the stacked output in place: no stack.
+    With allow_tf32, cuBLAS may run fp32 inputs on TF32 tensor cores (the sweep's "cuBLAS concat
+    TF32"); the global setting is restored afterwards."""
     batch, seq, d_model = hidden.shape
-    latent = torch.mm(hidden.reshape(batch * seq, d_model), w_down)
-    torch.mm(latent, w_cat, out=out.view(batch * seq, w_cat.shape[1]))
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    try:
+        latent = torch.mm(hidden.reshape(batch * seq, d_model), w_down)
+        torch.mm(latent, w_cat, out=out.view(batch * seq, w_cat.shape[1]))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
     return out
 
 

@@ -121,6 +121,19 @@ def _bulk_mma_applies(hidden, w_down, w_up_k, w_up_v, out) -> bool:
             and bulk_mma_takes(hidden.shape[-1], w_down.shape[-1], w_up_k.shape[-1], hidden.element_size()))
 
 
+def _tf32_wgmma_applies(hidden, w_down, w_up_k, w_up_v, out) -> bool:
+    """Mirrors kernels/09_tf32_wgmma.cu's takes(): fp32 on an sm_90 GPU, d_model and rank multiples
+    of 4 (TMA rows start 16-byte aligned), hidden 16-byte and out 8-byte aligned."""
+    return (hidden.is_cuda and hidden.dtype == torch.float32
+            and torch.cuda.get_device_capability(hidden.device) == (9, 0)
+            and hidden.dim() == 3 and w_down.dim() == 2
+            and hidden.shape[-1] % 4 == 0 and w_down.shape[-1] % 4 == 0
+            and hidden.data_ptr() % 16 == 0 and (out is None or out.data_ptr() % 8 == 0))
+
+
+TF32_WGMMA_FAST_PATH = ("fp32 on an sm_90 GPU, d_model and rank multiples of 4, hidden 16-byte and out 8-byte "
+                        "aligned")
+
 STEPS = (
     Step(1, "naive", "one thread per output element", "ex01_naive.cu", exercise="ex01"),
     Step(
@@ -192,6 +205,31 @@ STEPS = (
         fallback=7,
         fast_path="an sm_90 GPU, d_model and rank multiples of 16, heads*head_dim a multiple of 8, 16-byte aligned "
                   "tensors, and hidden rows, w_down and an up slice that fit one block's shared memory (the toy's widths)",
+    ),
+    Step(
+        9,
+        "tf32_wgmma",
+        "fp32 inputs on Hopper: the weights transposed, then two TF32 wgmma GEMMs, the latent through L2",
+        "09_tf32_wgmma.cu",
+        max_rank=512,
+        limit_reason="its fallback, step 5, takes rank <= 512",
+        fp32_math="tf32",
+        arch_flags=HOPPER_ARCH_FLAGS,
+        applies=_tf32_wgmma_applies,
+        fallback=5,
+        fast_path=TF32_WGMMA_FAST_PATH,
+    ),
+    Step(
+        10,
+        "three_passes",
+        "step 9 at fp32's accuracy: each product in three TF32 passes, the tensor cores' sums handed to FADDs",
+        "10_three_passes.cu",
+        max_rank=640,
+        limit_reason="its fallback, step 4, takes rank <= 640",
+        arch_flags=HOPPER_ARCH_FLAGS,
+        applies=_tf32_wgmma_applies,
+        fallback=4,
+        fast_path=TF32_WGMMA_FAST_PATH,
     ),
 )
 

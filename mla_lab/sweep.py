@@ -158,15 +158,7 @@ def _peer_calls(inputs, heads: int, out: torch.Tensor, dtype: torch.dtype, compi
     w_cat = layout.concat_weights(inputs.w_up_k, inputs.w_up_v)
 
     def cublas(tf32: bool) -> Callable[[], torch.Tensor]:
-        def call() -> torch.Tensor:
-            previous = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            try:
-                return layout.concat_projection(inputs.hidden, inputs.w_down, w_cat, heads, out)
-            finally:
-                torch.backends.cuda.matmul.allow_tf32 = previous
-
-        return call
+        return lambda: layout.concat_projection(inputs.hidden, inputs.w_down, w_cat, heads, out, allow_tf32=tf32)
 
     calls = {
         "eager": lambda: reference(*inputs, heads),

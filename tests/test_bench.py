@@ -1,6 +1,9 @@
-"""The timing protocol without a GPU: contenders sampled in rounds of rotating order."""
+"""The timing protocol without a GPU: contenders sampled in rounds of rotating order; the TF32 cuBLAS contender."""
 
-from mla_lab import bench
+import torch
+
+from mla_lab import bench, check
+from mla_lab.problem import Shape, make_inputs, reference
 
 
 def test_interleaved_rounds_spread_a_clock_drift_over_every_contender(monkeypatch):
@@ -67,3 +70,17 @@ def test_graph_samples_start_behind_a_busy_gpu_and_stream_samples_do_not(monkeyp
     asked.clear()
     bench.sample(timers, "stream")
     assert asked == [False] * 10
+
+
+def test_the_tf32_cublas_contender_is_handed_an_out_fills_it_and_restores_the_setting():
+    # compare() calls a kernel that does not say it writes into an out without one; this one needs one
+    # (a lab once stopped on that), and it must leave torch's global TF32 setting as it found it.
+    shape = Shape(1, 3, 16, 8, 2, 4)
+    inputs = make_inputs(shape, torch.float32)
+    out = torch.full(shape.out_shape, float("nan"))
+    contender = bench.CublasConcatTf32()
+    assert check.accepts_out(contender) and check.tolerance(contender, torch.float32) == check.TF32_TOLERANCE
+    before = torch.backends.cuda.matmul.allow_tf32
+    assert contender(*inputs, shape.heads, out=out) is out
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+    assert check.compare(out, reference(*inputs, shape.heads).double(), torch.float32, shape).ok

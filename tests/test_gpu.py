@@ -156,6 +156,39 @@ def test_step8_runs_its_own_kernel_exactly_where_applies_says():
     assert taken >= 10, taken
 
 
+@pytest.mark.parametrize("number, plain", [(9, 5), (10, 4)])
+def test_steps_9_and_10_run_their_own_kernel_exactly_where_applies_says(number, plain):
+    """`applies` (mla_lab/steps.py) mirrors kernels/09_tf32_wgmma.cu's takes(): where it says yes,
+    the step's own launcher runs and is correct at the step's tolerance; where it says no (bf16, a
+    d_model or rank no multiple of 4, hidden not 16-byte aligned), that launcher refuses, called
+    straight, without the fallback. `plain` is a step without a fallback whose tolerance and
+    limits the step shares (its fallback's)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"step {number}'s own kernel needs an sm_90 GPU; elsewhere it runs step {plain}")
+    step = steps.load(number)
+    own = steps.Kernel(steps.get(plain), step.source, step.library)
+    assert own.fp32_math == step.fp32_math
+    taken = 0
+    for shape in check.SHAPE_MATRIX:
+        for dtype in (torch.float32, torch.bfloat16):
+            inputs = make_inputs(shape, dtype, "cuda")
+            if step.takes_fast_path(*inputs):
+                taken += 1
+                assert check.check(own, shape, dtype, "cuda", trials=1).ok, (shape, dtype)
+            else:
+                with pytest.raises(RuntimeError, match="not supported"):
+                    own(*inputs, shape.heads)
+    assert taken >= 10, taken
+    shape = Shape(1, 7, 64, 16, 2, 8)
+    hidden, *weights = make_inputs(shape, torch.float32, "cuda")
+    shifted = torch.empty(hidden.numel() + 1, device="cuda")[1:].view_as(hidden).copy_(hidden)  # 4 bytes past 16
+    assert not step.takes_fast_path(shifted, *weights)
+    with pytest.raises(RuntimeError, match="not supported"):
+        own(shifted, *weights, shape.heads)
+    assert check.compare(step(shifted, *weights, shape.heads), oracle(make_inputs(shape, torch.float32, "cuda"), shape.heads),
+                         torch.float32, shape, check.tolerance(step, torch.float32)).ok
+
+
 def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays():
     kernel = steps.load("hopper")
     if torch.cuda.get_device_capability() != (9, 0):

@@ -237,13 +237,13 @@ def test_step8s_tma_copies_patch_still_applies_and_compiles_without_spills(tmp_p
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
 
 
-# "step5" is solutions/ex04_tensor_cores.cu itself, compiled above.
+# "step5" is solutions/ex04_tensor_cores.cu and "base" kernels/09_tf32_wgmma.cu, both compiled above
+# (the base's wgmmas are counted here too).
 @pytest.mark.parametrize("variant", sorted(set(TF32_LAB.VARIANTS) - {"step5"}))
-def test_tf32_experiment_and_its_lab_variants_compile_for_sm90a_keeping_every_wgmma(variant, tmp_path):
-    """experiments/tf32/two_gemms.cu (sm_90a: TF32 wgmma) is no course step, so no other test
-    compiles it: it and each variant its lab times (NOTES.md's "Step 9 experiment") stay buildable
-    without spills, and every GEMM kernel in it keeps its 4 wgmmas per 32-deep stage (12 with three
-    passes: hi*hi, hi*lo and lo*hi for each)."""
+def test_steps_9_and_10_and_their_lab_variants_compile_for_sm90a_keeping_every_wgmma(variant, tmp_path):
+    """Each variant experiments/tf32/lab.py times (NOTES.md's "Step 9 experiment" and "Three TF32
+    passes") stays buildable without spills, and every GEMM kernel in it keeps its 4 wgmmas per
+    32-deep stage (12 with three passes: hi*hi, hi*lo and lo*hi for each)."""
     result = compile_with_ptxas_report(TF32_LAB.lab_source(variant), HOPPER_ARCH_FLAGS, tmp_path)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr

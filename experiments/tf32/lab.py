@@ -1,14 +1,19 @@
-"""Step 9 experiment (experiments/tf32/two_gemms.cu: fp32 inputs as two TF32 wgmma GEMMs, the
-weights first transposed into the workspace, sm_90a) and its variants, timed beside step 5 (the
-course's TF32 step), eager, cuBLAS and cuBLAS with TF32 allowed on an H200: what kernels/NOTES.md
-("Step 9 experiment: TF32 on Hopper") reports.
+"""Steps 9 and 10 (kernels/09_tf32_wgmma.cu: fp32 inputs as two TF32 wgmma GEMMs, the weights
+first transposed into the workspace, sm_90a; kernels/10_three_passes.cu: the same in three TF32
+passes, fp32's accuracy) and their variants, timed beside step 5 (the course's TF32 step on
+mma.sync), eager, cuBLAS and cuBLAS with TF32 allowed on an H200: what kernels/NOTES.md ("Step 9
+experiment: TF32 on Hopper" and "Three TF32 passes") reports. Until stop 29 these were an
+experiment here, as two_gemms.cu. Made steps, the base took the TMA maps typed TFLOAT32 (the
+notes' `tfloat32_maps`; `float32_maps` is the notes' base), and three passes the 128 x 128 GEMM 2
+tiles (the notes' `three_passes_gemm2_narrow`; `three_passes_gemm2_wide` is the notes'
+`three_passes`).
 
-Each variant is two_gemms.cu with edits (failing loudly when the file no longer has the text an
+Each variant is 09_tf32_wgmma.cu with edits (failing loudly when the file no longer has the text an
 edit replaces). Those in CORRECT are checked first against float64 with NaN-poisoned outputs, on
 the shapes the launcher takes (FITTING); every variant is then timed in one process on the same
 inputs, graph replay, median µs, in interleaved rounds (`bench.compare`); a variant that fails a
-check is reported and left out of the timings (`labkit.run`). fp32 only: the experiment is for
-fp32 inputs.
+check is reported and left out of the timings (`labkit.run`). fp32 only: the steps are for fp32
+inputs (bf16 runs their fallbacks).
 
     python experiments/tf32/lab.py [VARIANT...]          # all of them by default
     python experiments/tf32/lab.py --check [VARIANT...]  # the quick shapes only (for compute-sanitizer)
@@ -16,7 +21,7 @@ fp32 inputs.
                                                           # (3 kernels a call, 4 with three passes:
                                                           # ncu --launch-skip 9 --launch-count 3, or 12 and 4)
 
-  base          two_gemms.cu: GEMM 1 in 128 x 128 tiles, GEMM 2 in 128 x 256
+  base          step 9: GEMM 1 in 128 x 128 tiles, GEMM 2 in 128 x 256, TMA maps typed TFLOAT32
   step5         step 5 (solutions/ex04_tensor_cores.cu), the course's TF32 step, built as the others are
   gemm1_wide    GEMM 1 in 128 x 256 tiles (half the blocks, fewer bytes per FLOP)
   gemm2_narrow  GEMM 2 in 128 x 128 tiles
@@ -24,17 +29,19 @@ fp32 inputs.
                 fused TF32 kernel would have (its latent tile holds 64 tokens)
   gemm2_two_per_sm  GEMM 2 in 64 x 128 tiles, 4 stages: two blocks per SM, so that one stores its
                 tile while the other computes
-  tfloat32_maps every TMA map typed TFLOAT32 instead of FLOAT32 (does TMA round hidden?)
+  float32_maps  every TMA map typed FLOAT32, as the experiment first had it: the tensor cores then
+                drop hidden's low bits instead of TMA rounding them
   transposes    the transposes alone (garbage: for timing only)
   gemm1         GEMM 1 alone (garbage)
   gemm2         GEMM 2 alone (garbage)
   no_stores     both GEMMs with their stores predicated off at run time (garbage): what storing costs
-  three_passes  fp32's accuracy: every operand split into TF32 hi and lo parts, each product taken
-                as three passes (hi*hi + hi*lo + lo*hi), hidden split by a kernel of its own; held
+  three_passes  step 10: every operand split into TF32 hi and lo parts, each product taken as three
+                passes (hi*hi + hi*lo + lo*hi), hidden split by a kernel of its own, GEMM 2 in 128
+                x 128 tiles, each GEMM's tensor-core sums added into registers every 4 chunks; held
                 to fp32's tolerance, not TF32's
-  three_passes_gemm2_narrow  the same, GEMM 2 in 128 x 128 tiles (3 stages fit instead of 2, and
-                its sums too are added into registers every 4 chunks)
-  three_passes_promote_16  GEMM 1's tensor-core sums added into registers every 16 chunks, not 4
+  three_passes_gemm2_wide  the same, GEMM 2 in 128 x 256 tiles (2 stages instead of 3, and its sums
+                left to the tensor cores: no room in registers for a second set)
+  three_passes_promote_16  the sums added into registers every 16 chunks, not 4
   three_passes_unpromoted  no such adds: the tensor cores carry every sum (timed, not checked: it
                 misses fp32's tolerance from d_model 2048 up)
   three_passes_transposes, three_passes_gemm1, three_passes_gemm2  three passes, one phase alone
@@ -47,34 +54,32 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/labkit.py
 import labkit  # noqa: E402
-from mla_lab import check, layout, steps  # noqa: E402
+from mla_lab import bench, check, steps  # noqa: E402
 from mla_lab.problem import V2_LITE, V3, V3_TP8, Shape  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
-KERNEL = "experiments/tf32/two_gemms.cu"
-STEP = steps.Step(9, "tf32_gemms", "fp32 inputs as two TF32 wgmma GEMMs", "two_gemms.cu",
-                  fp32_math="tf32", arch_flags=steps.HOPPER_ARCH_FLAGS)
-# Three passes keep fp32's accuracy: those variants are checked as an fp32 step is (1e-5).
-THREE_PASSES_STEP = steps.Step(9, "tf32x3_gemms", "fp32 inputs as two 3xTF32 wgmma GEMMs", "two_gemms.cu",
-                               arch_flags=steps.HOPPER_ARCH_FLAGS)
+KERNEL = "kernels/09_tf32_wgmma.cu"
+STEP = steps.get(9)
+# Three passes keep fp32's accuracy: those variants are built, run and checked as step 10 (1e-5).
+THREE_PASSES_STEP = steps.get(10)
 
 PHASES = "constexpr bool kTransposes = true, kGemm1 = true, kGemm2 = true;"
-THREE_PASSES_OFF, THREE_PASSES_ON = "constexpr bool kThreePasses = false;", "constexpr bool kThreePasses = true;"
+THREE_PASSES_OFF, THREE_PASSES_ON = "#define MLA_THREE_PASSES 0", "#define MLA_THREE_PASSES 1"
+GEMM2_TILE = "using Gemm2Tile = Tile<128, kThreePasses ? 128 : 256>;"
 EDITS: labkit.Edits = {
     "base": (),
     "gemm1_wide": (("using Gemm1Tile = Tile<128, 128>;", "using Gemm1Tile = Tile<128, 256>;"),),
-    "gemm2_narrow": (("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<128, 128>;"),),
-    "gemm2_rows64": (("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<64, 256>;"),),
-    "gemm2_two_per_sm": (("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<64, 128, 4>;"),),
-    "tfloat32_maps": (("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"),),
+    "gemm2_narrow": ((GEMM2_TILE, "using Gemm2Tile = Tile<128, 128>;"),),
+    "gemm2_rows64": ((GEMM2_TILE, "using Gemm2Tile = Tile<64, 256>;"),),
+    "gemm2_two_per_sm": ((GEMM2_TILE, "using Gemm2Tile = Tile<64, 128, 4>;"),),
+    "float32_maps": (("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"),),
     # k is never negative: no result is stored, but ptxas cannot know that, so it keeps every wgmma
     "no_stores": (("      if (row + 8 * half < m && column < n) {", "      if (row + 8 * half < m && column < n && k < 0) {"),),
     "transposes": ((PHASES, "constexpr bool kTransposes = true, kGemm1 = false, kGemm2 = false;"),),
     "gemm1": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = true, kGemm2 = false;"),),
     "gemm2": ((PHASES, "constexpr bool kTransposes = false, kGemm1 = false, kGemm2 = true;"),),
     "three_passes": ((THREE_PASSES_OFF, THREE_PASSES_ON),),
-    "three_passes_gemm2_narrow": ((THREE_PASSES_OFF, THREE_PASSES_ON),
-                                  ("using Gemm2Tile = Tile<128, 256>;", "using Gemm2Tile = Tile<128, 128>;")),
+    "three_passes_gemm2_wide": ((THREE_PASSES_OFF, THREE_PASSES_ON), (GEMM2_TILE, "using Gemm2Tile = Tile<128, 256>;")),
 }
 PROMOTE_EVERY = "constexpr int kPromoteEvery = 4;"
 EDITS["three_passes_promote_16"] = ((THREE_PASSES_OFF, THREE_PASSES_ON), (PROMOTE_EVERY, "constexpr int kPromoteEvery = 16;"))
@@ -90,7 +95,7 @@ STEP_OF = {name: THREE_PASSES_STEP for name in VARIANTS if name.startswith("thre
 
 
 def fits(shape: Shape) -> bool:
-    """Mirrors two_gemms.cu's `takes` for fp32 inputs: TMA rows start 16-byte aligned."""
+    """Mirrors 09_tf32_wgmma.cu's `takes` for fp32 inputs: TMA rows start 16-byte aligned."""
     return shape.d_model % 4 == 0 and shape.rank % 4 == 0
 
 
@@ -107,28 +112,6 @@ TIMED = (
     ("V3-TP8 4096", V3_TP8),
     ("V3 16384", V3.with_tokens(1, 16384)),
 )
-
-
-class CublasTf32:
-    """The sweep's "cuBLAS concat TF32" peer: two cuBLAS GEMMs with TF32 allowed, through
-    [w_up_k | w_up_v] concatenated once per pair of weights (outside the timing, as bench.peers does)."""
-
-    fp32_math = "tf32"
-    writes_into_out = True  # so bench.compare hands it a (NaN-poisoned) out, as it does the course's kernels
-
-    def __init__(self) -> None:
-        self._concatenated: dict[tuple[int, int], torch.Tensor] = {}
-
-    def __call__(self, hidden, w_down, w_up_k, w_up_v, heads, out):
-        key = (w_up_k.data_ptr(), w_up_v.data_ptr())
-        if key not in self._concatenated:
-            self._concatenated[key] = layout.concat_weights(w_up_k, w_up_v)
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            return layout.concat_projection(hidden, w_down, self._concatenated[key], heads, out)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def lab_source(name: str) -> Path:
@@ -157,7 +140,7 @@ def main(argv: list[str]) -> int:
         fit = labkit.build_and_check(STEP, sources, CORRECT, QUICK, "tf32", fp32, STEP_OF)
         return 0 if all(name in fit for name in names if name in CORRECT) else 1
     return labkit.run(STEP, sources, CORRECT, [(label, shape, torch.float32) for label, shape in TIMED],
-                      shapes=FITTING, lab="tf32", check_dtypes=fp32, peers={"cuBLAS concat TF32": CublasTf32()},
+                      shapes=FITTING, lab="tf32", check_dtypes=fp32, peers={"cuBLAS concat TF32": bench.CublasConcatTf32()},
                       step_of=STEP_OF)
 
 

@@ -1,14 +1,15 @@
 """What TF32 rounding costs the projection, emulated on the CPU (no GPU needed): the relative
 Frobenius error against float64 when each operand reaches the tensor cores rounded to nearest
 TF32 (`cvt.rna`) or with its low 13 bits dropped, products summed exactly (float64), the latent
-stored as fp32 in between. kernels/NOTES.md ("Step 9 experiment") uses it to predict the error of
-experiments/tf32/two_gemms.cu, which rounds the weights and the latent but not hidden; and of its
-three-pass form, where each operand is split into TF32 parts and each product is
-hi*hi + hi*lo + lo*hi (a product of two TF32 values is exact in fp32), summed in fp32 rounding to
-nearest, against plain fp32 matmuls. Last, the three passes as the tensor cores sum them: each
-8-deep wgmma adds its exact partial sum into an fp32 accumulator rounding toward zero, which is
-what the first GPU run of the three passes showed (kernels/NOTES.md, "Three TF32 passes"), with
-and without the kernel's fix, runs of 4 chunks (128 deep) added into registers rounding to nearest.
+stored as fp32 in between. kernels/NOTES.md ("Step 9 experiment") used it to predict the error of
+step 9 (kernels/09_tf32_wgmma.cu), which rounded the weights and the latent but, in its first
+form, not hidden; and of its three-pass form (step 10), where each operand is split into TF32 parts
+and each product is hi*hi + hi*lo + lo*hi (a product of two TF32 values is exact in fp32), summed
+in fp32 rounding to nearest, against plain fp32 matmuls. Last, the three passes as the tensor cores
+sum them: each 8-deep wgmma adds its exact partial sum into an fp32 accumulator rounding toward
+zero, which is what the first GPU run of the three passes showed (kernels/NOTES.md, "Three TF32
+passes"), with and without step 10's fix, runs of 4 chunks (128 deep) added into registers
+rounding to nearest.
 
     python experiments/tf32/rounding.py [TOKENS]   # V2-Lite widths, 256 tokens by default
 """
@@ -17,7 +18,7 @@ import sys
 import torch
 
 from mla_lab.check import tf32_round as rounded
-from mla_lab.check import tf32_parts, three_tf32_passes
+from mla_lab.check import three_tf32_passes, three_tf32_passes_on_tensor_cores
 from mla_lab.problem import V2_LITE, make_inputs
 
 
@@ -45,7 +46,7 @@ def error(tokens: int, seed: int, hidden_as, weights_as, latent_as) -> float:
 # label -> how (hidden, the weights, the latent) reach the tensor cores
 CASES = {
     "every operand rounded (step 5)": (rounded, rounded, rounded),
-    "hidden truncated, the rest rounded (two_gemms.cu)": (truncated, rounded, rounded),
+    "hidden truncated, the rest rounded (step 9's first form)": (truncated, rounded, rounded),
     "every operand truncated": (truncated, truncated, truncated),
 }
 
@@ -58,47 +59,23 @@ def product_error(tokens: int, seed: int, matmul) -> float:
     return float((out - exact).norm() / exact.norm())
 
 
-def toward_zero(x: torch.Tensor) -> torch.Tensor:
-    """float64 values rounded to fp32 toward zero (returned as float64)."""
-    nearest = x.float()
-    past = nearest.double().abs() > x.abs()
-    return torch.where(past, torch.nextafter(nearest, torch.zeros_like(nearest)), nearest).double()
-
-
-def on_tensor_cores(a: torch.Tensor, b: torch.Tensor, promote_every: int) -> torch.Tensor:
-    """three_tf32_passes(a, b) summed as two_gemms.cu sums it: per 8-deep step, lo*hi, hi*lo and hi*hi
-    each added exactly into an fp32 accumulator that rounds toward zero; with promote_every > 0 the
-    accumulator starts afresh every promote_every 32-deep chunks, each run added into an fp32 total
-    that rounds to nearest (Tile::kPromoteChunks)."""
-    (a_hi, a_lo), (b_hi, b_lo) = (tuple(x.double() for x in tf32_parts(t)) for t in (a, b))
-    depth, run_depth = a.shape[1], 32 * promote_every if promote_every else a.shape[1]
-    total = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
-    for run in range(0, depth, run_depth):
-        acc = torch.zeros_like(total)
-        for k in range(run, min(depth, run + run_depth), 8):
-            step = slice(k, k + 8)
-            for x, y in ((a_lo, b_hi), (a_hi, b_lo), (a_hi, b_hi)):
-                acc = toward_zero(acc + x[:, step] @ y[step])
-        total = (total + acc).float().double()
-    return total.float()
-
-
 def kernel_error(tokens: int, seed: int, promote_gemm1: int, promote_gemm2: int) -> float:
     """product_error for the three passes on the tensor cores, each GEMM with its own runs."""
     rows, w_down, w_cat, exact = problem(tokens, seed)
-    out = on_tensor_cores(on_tensor_cores(rows, w_down, promote_gemm1), w_cat, promote_gemm2).double()
+    latent = three_tf32_passes_on_tensor_cores(rows, w_down, promote_gemm1)
+    out = three_tf32_passes_on_tensor_cores(latent, w_cat, promote_gemm2).double()
     return float((out - exact).norm() / exact.norm())
 
 
 # label -> (GEMM 1's, GEMM 2's) runs in chunks, 0 for none
 KERNEL_SUMS = {
     "three passes, tensor-core sums, no runs (unpromoted)": (0, 0),
-    "the same, GEMM 1 in runs of 4 chunks (three_passes)": (4, 0),
-    "the same, both GEMMs in runs of 4 (gemm2_narrow)": (4, 4),
+    "the same, GEMM 1 in runs of 4 chunks (gemm2_wide)": (4, 0),
+    "the same, both GEMMs in runs of 4 (step 10)": (4, 4),
 }
 
 PRODUCTS = {
-    "three TF32 passes (two_gemms.cu, kThreePasses)": three_tf32_passes,
+    "three TF32 passes (step 10), summed to nearest": three_tf32_passes,
     "fp32 matmuls (as cuBLAS fp32 and step 4)": torch.matmul,
 }
 

@@ -1,34 +1,34 @@
-// Step 9 experiment (not a course step): fp32 inputs on Hopper's TF32 tensor cores, as two GEMMs.
+// Step 9 — Hopper, fp32 inputs: two TF32 wgmma GEMMs, the weights transposed first, the latent
+// through L2.
 //
-// Step 5 runs fp32 inputs on mma.sync in TF32 at a quarter of cuBLAS's speed (V2-Lite, 4096
-// tokens: 382 µs against 93), and step 6's wgmma takes bf16 only. Two things stand between wgmma
-// and fp32 inputs:
+// What changed from steps 5 and 6, and why. Step 5 runs fp32 inputs on mma.sync in TF32 at a
+// quarter of cuBLAS's speed (V2-Lite, 4096 tokens: 382 µs against 93), and step 6's wgmma takes
+// bf16 only. Two things stand between wgmma and fp32 inputs:
 // - wgmma reads TF32 operands from shared memory K-major only (the PTX ISA transposes 16-bit
 //   types alone), and the weights are stored with their N columns contiguous. So a first kernel
 //   writes each weight transposed, and rounded to TF32, into the workspace: at V2-Lite 12 MB
 //   read and written once per call.
 // - A fused block keeps its latent tile on chip, and 128 tokens x 512 fp32 is 256 KB, more than
-//   an SM's 227 KB. With 64-token blocks each weight byte in shared memory would serve half as
-//   many tokens: at the TF32 rate (2,048 FLOP per cycle per SM) a 64-token block needs 4 bytes x
-//   2,048 / (2 x 64) = 64 bytes per cycle of weights written into shared memory by TMA, and as
-//   many read by wgmma: all of the 128 bytes per cycle shared memory serves, if wgmma's reads
-//   count against it (kernels/NOTES.md). So the latent goes through global memory (8 MB at
-//   V2-Lite 4096 tokens, small enough to stay in the 50 MB L2), and each GEMM has 128-row tiles.
+//   an SM's 227 KB; 64-token blocks were measured 20 % slower on GEMM 2 (kernels/NOTES.md, "Step
+//   9 experiment"). So the latent goes through global memory (8 MB at V2-Lite 4096 tokens, small
+//   enough to stay in the 50 MB L2), and each GEMM has 128-row tiles.
 // Both GEMMs are one kernel, C = A @ B^T with A (m x k) and B (n x k) row-major: TMA boxes 32 deep
 // (one 128-byte swizzled row of fp32) in a ring of stages, one producer thread, and two consumer
-// warpgroups of 64 rows each. GEMM 1 rounds the latent to TF32 as it stores it; hidden reaches
-// the tensor cores as it is (experiments/tf32/rounding.py: if they drop its low bits, the error
-// is 5.5e-4 instead of step 5's 4.1e-4).
+// warpgroups of 64 rows each. GEMM 1 rounds the latent to TF32 as it stores it; TMA rounds hidden
+// on its way in (its tensor map says TFLOAT32: measured, that gives step 5's error, 4.7e-4 against
+// 7.2e-4 with the low bits dropped, at the same speed).
 //
-// Lab switch kThreePasses: fp32's accuracy from the same tensor cores. Every operand x is split
-// into two TF32 values, hi = x rounded and lo = (x - hi) rounded, and each product is taken as
-// hi*hi + hi*lo + lo*hi (the lo*lo term is below fp32's rounding): three times the tensor work,
-// for about 4e-7 of error, as plain fp32 (experiments/tf32/rounding.py), instead of 4e-4. hidden
-// is split by a kernel of its own (32 MB read, 64 MB written at V2-Lite 4096 tokens), the weights
-// as they are transposed, the latent as GEMM 1 stores it.
+// MLA_THREE_PASSES (step 10, kernels/10_three_passes.cu): fp32's accuracy from the same tensor
+// cores. Every operand x is split into two TF32 values, hi = x rounded and lo = (x - hi) rounded,
+// and each product is taken as hi*hi + hi*lo + lo*hi (the lo*lo term is below fp32's rounding):
+// three times the tensor work. hidden is split by a kernel of its own (32 MB read, 64 MB written at
+// V2-Lite 4096 tokens), the weights as they are transposed, the latent as GEMM 1 stores it. The
+// tensor cores' running sums round toward zero, so runs of chunks are added into registers
+// (Tile::kPromoteChunks), and GEMM 2 takes 128 x 128 tiles, whose accumulators leave room for that.
 //
 // Runs fp32 on an sm_90 GPU with d_model and rank multiples of 4 (TMA rows start 16-byte
-// aligned), hidden 16-byte and out 8-byte aligned.
+// aligned), hidden 16-byte and out 8-byte aligned (mla_lab/steps.py mirrors this); other inputs
+// run step 5 (step 10: step 4).
 #include <stdint.h>
 
 #include "mla_common.cuh"
@@ -42,8 +42,10 @@ using mla::barrier_arrive, mla::barrier_expect_bytes, mla::barrier_init, mla::ba
 constexpr int kChunk = 32;     // K per stage: one 128-byte swizzled row of fp32
 constexpr int kRowBytes = 128;
 constexpr int kSharedBudget = 227 * 1024;
-// Lab switch (experiments/tf32/lab.py, variant three_passes), described at the top.
-constexpr bool kThreePasses = false;
+#ifndef MLA_THREE_PASSES
+#define MLA_THREE_PASSES 0
+#endif
+constexpr bool kThreePasses = MLA_THREE_PASSES;
 constexpr int kParts = kThreePasses ? 2 : 1;
 // Lab switch: with three passes, how many chunks' sums the tensor cores carry before a consumer
 // adds them into registers of its own (Tile::kPromoteChunks).
@@ -74,7 +76,7 @@ struct Tile {
   static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
 };
 using Gemm1Tile = Tile<128, 128>;  // V2-Lite 4096 tokens: 32 x 4 = 128 blocks
-using Gemm2Tile = Tile<128, 256>;  // V2-Lite 4096 tokens: 32 x 16 = 512 blocks
+using Gemm2Tile = Tile<128, kThreePasses ? 128 : 256>;  // V2-Lite 4096 tokens: 512 blocks (1,024 with three passes)
 
 // ---- wgmma ---------------------------------------------------------------------------------
 // x rounded to the nearest TF32 value, as step 5 rounds its operands.
@@ -314,7 +316,7 @@ __global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ h
 // ---- host side -----------------------------------------------------------------------------
 // A row-major fp32 matrix (rows x columns) read in swizzled boxes of box_rows x 32.
 bool make_map(CUtensorMap* map, const float* data, int64_t rows, int64_t columns, int box_rows) {
-  return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows, columns, box_rows);
+  return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 4, rows, columns, box_rows);
 }
 
 // An operand in TF32 parts: `hi`, and with kParts == 2 `lo` (else unused).
