@@ -143,17 +143,23 @@ def test_step8_runs_its_own_kernel_exactly_where_applies_says():
     near_limit = [Shape(1, 40, d, r, 2, 64) for d in (256, 512) for r in (64, 96, 112, 128, 144, 176)
                   if any(abs(steps.bulk_mma_shared_bytes(d, r, 128, size) - budget) < 64 * 1024 for size in (2, 4))]
     shapes = [*check.SHAPE_MATRIX, Shape(3, 37, 256, 48, 4, 32), Shape(2, 9, 128, 64, 3, 24), *near_limit]
+    assert _own_kernel_runs_exactly_where_applies_says(step8, own, shapes) >= 10
+
+
+def _own_kernel_runs_exactly_where_applies_says(step, own, shapes) -> int:
+    """Where `step`'s applies says yes, `own` (its launcher without the fallback) is correct; where
+    it says no, `own` refuses. Returns how many of the shapes x dtypes took the step's own kernel."""
     taken = 0
     for shape in shapes:
         for dtype in (torch.float32, torch.bfloat16):
             inputs = make_inputs(shape, dtype, "cuda")
-            if step8.takes_fast_path(*inputs):
+            if step.takes_fast_path(*inputs):
                 taken += 1
                 assert check.check(own, shape, dtype, "cuda", trials=1).ok, (shape, dtype)
             else:
                 with pytest.raises(RuntimeError, match="not supported"):
                     own(*inputs, shape.heads)
-    assert taken >= 10, taken
+    return taken
 
 
 @pytest.mark.parametrize("number, plain", [(9, 5), (10, 4)])
@@ -168,17 +174,7 @@ def test_steps_9_and_10_run_their_own_kernel_exactly_where_applies_says(number, 
     step = steps.load(number)
     own = steps.Kernel(steps.get(plain), step.source, step.library)
     assert own.fp32_math == step.fp32_math
-    taken = 0
-    for shape in check.SHAPE_MATRIX:
-        for dtype in (torch.float32, torch.bfloat16):
-            inputs = make_inputs(shape, dtype, "cuda")
-            if step.takes_fast_path(*inputs):
-                taken += 1
-                assert check.check(own, shape, dtype, "cuda", trials=1).ok, (shape, dtype)
-            else:
-                with pytest.raises(RuntimeError, match="not supported"):
-                    own(*inputs, shape.heads)
-    assert taken >= 10, taken
+    assert _own_kernel_runs_exactly_where_applies_says(step, own, check.SHAPE_MATRIX) >= 10
     shape = Shape(1, 7, 64, 16, 2, 8)
     hidden, *weights = make_inputs(shape, torch.float32, "cuda")
     shifted = torch.empty(hidden.numel() + 1, device="cuda")[1:].view_as(hidden).copy_(hidden)  # 4 bytes past 16
