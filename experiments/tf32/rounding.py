@@ -36,11 +36,24 @@ def problem(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return rows, w_down, w_cat, (rows.double() @ w_down.double()) @ w_cat.double()
 
 
-def error(tokens: int, seed: int, hidden_as, weights_as, latent_as) -> float:
+def product_error(tokens: int, seed: int, matmul, second=None) -> float:
+    """The relative error of (hidden @ w_down) @ [w_up_k | w_up_v] on fp32 inputs, GEMM 1 by
+    `matmul` and GEMM 2 by `second` (by default `matmul` too), the latent fp32 in between."""
     rows, w_down, w_cat, exact = problem(tokens, seed)
-    latent = (hidden_as(rows).double() @ weights_as(w_down).double()).float()
-    out = latent_as(latent).double() @ weights_as(w_cat).double()
+    out = (second or matmul)(matmul(rows, w_down), w_cat).double()
     return float((out - exact).norm() / exact.norm())
+
+
+def error(tokens: int, seed: int, hidden_as, weights_as, latent_as) -> float:
+    """product_error with products summed exactly, each operand reaching them as `*_as` makes it."""
+
+    def gemm1(a, b):
+        return (hidden_as(a).double() @ weights_as(b).double()).float()
+
+    def gemm2(a, b):
+        return latent_as(a).double() @ weights_as(b).double()
+
+    return product_error(tokens, seed, gemm1, gemm2)
 
 
 # label -> how (hidden, the weights, the latent) reach the tensor cores
@@ -51,20 +64,13 @@ CASES = {
 }
 
 
-def product_error(tokens: int, seed: int, matmul) -> float:
-    """The relative error of (hidden @ w_down) @ [w_up_k | w_up_v] with both products by `matmul`
-    on fp32 inputs, the latent fp32 in between."""
-    rows, w_down, w_cat, exact = problem(tokens, seed)
-    out = matmul(matmul(rows, w_down), w_cat).double()
-    return float((out - exact).norm() / exact.norm())
-
-
 def kernel_error(tokens: int, seed: int, promote_gemm1: int, promote_gemm2: int) -> float:
     """product_error for the three passes on the tensor cores, each GEMM with its own runs."""
-    rows, w_down, w_cat, exact = problem(tokens, seed)
-    latent = three_tf32_passes_on_tensor_cores(rows, w_down, promote_gemm1)
-    out = three_tf32_passes_on_tensor_cores(latent, w_cat, promote_gemm2).double()
-    return float((out - exact).norm() / exact.norm())
+
+    def in_runs(chunks: int):
+        return lambda a, b: three_tf32_passes_on_tensor_cores(a, b, chunks)
+
+    return product_error(tokens, seed, in_runs(promote_gemm1), in_runs(promote_gemm2))
 
 
 # label -> (GEMM 1's, GEMM 2's) runs in chunks, 0 for none
@@ -82,15 +88,11 @@ PRODUCTS = {
 
 def main(argv: list[str]) -> int:
     tokens = int(argv[0]) if argv else 256
-    for label, rounding in CASES.items():
-        errors = [error(tokens, seed, *rounding) for seed in range(3)]
-        print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
-    for label, matmul in PRODUCTS.items():
-        errors = [product_error(tokens, seed, matmul) for seed in range(3)]
-        print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
-    for label, runs in KERNEL_SUMS.items():
-        errors = [kernel_error(tokens, seed, *runs) for seed in range(3)]
-        print(f"{label:52} " + "  ".join(f"{e:.2e}" for e in errors))
+    rows = [*((label, lambda seed, r=r: error(tokens, seed, *r)) for label, r in CASES.items()),
+            *((label, lambda seed, m=m: product_error(tokens, seed, m)) for label, m in PRODUCTS.items()),
+            *((label, lambda seed, r=r: kernel_error(tokens, seed, *r)) for label, r in KERNEL_SUMS.items())]
+    for label, error_at in rows:
+        print(f"{label:52} " + "  ".join(f"{error_at(seed):.2e}" for seed in range(3)))
     return 0
 
 
