@@ -139,6 +139,19 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b
 // TF32, or split into TF32 parts (hi into c, lo into c_lo).
 enum class Store { kAsComputed, kTf32, kTf32Parts };
 
+// Block order. About 132 blocks run at a time, in the order of blockIdx.x. Row tile by row tile,
+// each wave of GEMM 2 would read all of B: at V3 [w_up_k | w_up_v]^T is 64 MB in fp32, more than
+// the 50 MB L2, so it came from DRAM again for every 128 tokens. Blocks go instead in groups of
+// kGroupRows row tiles, column tile by column tile within a group: a group reads B once, and its
+// rows of A (at most 2,048 x rank) stay in L2 while it does.
+constexpr int64_t kGroupRows = 16;
+__device__ __forceinline__ void tile_of_block(int64_t tiles_m, int64_t tiles_n, int64_t& tile_m, int64_t& tile_n) {
+  const int64_t per_group = kGroupRows * tiles_n, group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
+  const int64_t first = group * kGroupRows, rows = min(kGroupRows, tiles_m - first);
+  tile_m = first + in_group % rows;
+  tile_n = in_group / rows;
+}
+
 // C (m x n, rows `pitch` apart) = A (m x k) @ B (n x k)^T, TF32 products summed in fp32. With
 // kParts == 2 each operand comes as hi and lo parts (a_map and a_lo_map, b_map and b_lo_map), and
 // each product is three passes.
@@ -153,7 +166,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t full = base + T::kStages * T::kStageBytes, empty = full + 8 * T::kStages;
   auto a_at = [&](int slot) { return base + uint32_t(slot) * T::kStageBytes; };
   auto b_at = [&](int slot) { return a_at(slot) + T::kABytes; };
-  const int64_t m0 = int64_t(blockIdx.y) * T::kBlockM, n0 = int64_t(blockIdx.x) * T::kBlockN;
+  int64_t tile_m, tile_n;
+  tile_of_block(mla::ceil_div(m, T::kBlockM), mla::ceil_div(n, T::kBlockN), tile_m, tile_n);
+  const int64_t m0 = tile_m * T::kBlockM, n0 = tile_n * T::kBlockN;
   const int chunks = int(mla::ceil_div(k, kChunk));
 
   if (threadIdx.x == 0) {
@@ -335,8 +350,8 @@ cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, 
   const auto kernel = gemm_kernel<T, kStore>;
   const cudaError_t err = mla::allow_shared_memory(kernel, T::kSharedBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned(mla::ceil_div(n, T::kBlockN)), unsigned(mla::ceil_div(m, T::kBlockM)));
-  kernel<<<grid, T::kThreads, T::kSharedBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], c, c_lo, m, n, k, n);
+  const int64_t blocks = mla::ceil_div(m, T::kBlockM) * mla::ceil_div(n, T::kBlockN);
+  kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], c, c_lo, m, n, k, n);
   return cudaGetLastError();
 }
 

@@ -28,11 +28,11 @@ from mla_lab import bench, build, check, steps  # noqa: E402
 from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
-PREVIOUS_COMMIT = "fa31c3c"
+PREVIOUS_COMMIT = "73b60fd"
 # switch -> (text in kernels/06_hopper.cu, what replaces it under #ifdef switch)
 SWITCHES = {
-    "LAB_GEMM1_IN_FLIGHT": ("run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&]",
-                            "run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::true_type{}, [&]"),
+    "LAB_GEMM1_IN_FLIGHT": ("run_slots(down_ring, 0, down_chunks, 1, std::false_type{}, [&]",
+                            "run_slots(down_ring, 0, down_chunks, 1, std::true_type{}, [&]"),
     "LAB_GEMM2_DRAIN": ("run_slots(up_ring, index * up_stages, up_stages, 2, std::true_type{}, [&]",
                         "run_slots(up_ring, index * up_stages, up_stages, 2, std::false_type{}, [&]"),
     "LAB_LATE_TURN": ("    }, pass_turn);\n", "    }, [] {});\n    pass_turn();\n"),
@@ -42,8 +42,20 @@ SWITCHES = {
 # same weights in the same order, so all SMs ask the same few L2 lines at once. The stagger
 # switches start each token tile at a different output tile (and w_down chunk) to spread them.
 STAGGER_SWITCHES = {
-    "LAB_STAGGER_DOWN": ("        const int pass = it / down_chunks, chunk = it % down_chunks;\n",
-                         "        const int pass = it / down_chunks, chunk = int((it % down_chunks + token_tile) % down_chunks);\n"),
+    "LAB_STAGGER_DOWN": (
+        "      for (int chunk = 0; chunk < gemm1_slots; ++chunk) {\n"
+        "        acquire(down_ring, chunk, down_ring.bytes);\n"
+        "        tma_load(down_ring.slot(chunk), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(chunk));\n"
+        "        for (int box = 0; box < 2 * passes; ++box) {\n"
+        "          tma_load(down_ring.slot(chunk) + kHiddenBytes + box * kDownBoxBytes, down_map,\n"
+        "                   first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(chunk));\n",
+        "      for (int it = 0; it < gemm1_slots; ++it) {\n"
+        "        const int chunk = int((it + token_tile) % down_chunks);\n"
+        "        acquire(down_ring, it, down_ring.bytes);\n"
+        "        tma_load(down_ring.slot(it), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(it));\n"
+        "        for (int box = 0; box < 2 * passes; ++box) {\n"
+        "          tma_load(down_ring.slot(it) + kHiddenBytes + box * kDownBoxBytes, down_map,\n"
+        "                   first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(it));\n"),
     "LAB_STAGGER_UP_LOADS": (
         "        const int tile = first_tile + it / up_stages * tile_step, depth = it % up_stages;\n",
         "        const int lab_tiles = max(0, (output_tiles - first_tile + tile_step - 1) / tile_step);\n"
@@ -134,10 +146,10 @@ SWITCHES["LAB_NO_STG"] = (GEMM2_STORES, RUNTIME_ZERO +
                           "    store_tile(lower, out, token0 + 64, lab_zero, columns, column0);\n")
 # GEMM 1's ring: every slot and the latent tile (committed), only the kStages slots (`ring3`, as
 # before it borrowed the latent tile), or two borrowed slots (`ring5`); and GEMM 2's ring of 2.
-SWITCHES["LAB_GEMM1_RING3"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
-                               "constexpr int kGemm1Depth = kStages;")
-SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
-                               "constexpr int kGemm1Depth = kStages + 2;")
+SWITCHES["LAB_GEMM1_RING3"] = ("constexpr int kGemm1RingBytes = kStages * kStageBytes + kLatentBytes;",
+                               "constexpr int kGemm1RingBytes = kStages * kStageBytes;")
+SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1RingBytes = kStages * kStageBytes + kLatentBytes;",
+                               "constexpr int kGemm1RingBytes = (kStages + 2) * kStageBytes;")
 SWITCHES["LAB_STAGES2"] = ("constexpr int kStages = 3;", "constexpr int kStages = 2;")
 # Timing only, where the output stores cost (stop 19): every tile stored over its token tile's
 # first (the same 32 KB again and again: L2 hits, no DRAM traffic). The zero comes from PTX so

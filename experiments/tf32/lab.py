@@ -46,6 +46,8 @@ inputs (bf16 runs their fallbacks).
                 misses fp32's tolerance from d_model 2048 up)
   three_passes_transposes, three_passes_gemm1, three_passes_gemm2  three passes, one phase alone
                 (garbage); the transposes' phase includes the split of hidden
+  row_by_row, three_passes_row_by_row  steps 9 and 10 with their blocks in the order they had
+                before stop 30, row tile by row tile, instead of in groups of 16 row tiles
 """
 import sys
 from pathlib import Path
@@ -82,6 +84,10 @@ EDITS: labkit.Edits = {
     "three_passes_gemm2_wide": ((THREE_PASSES_OFF, THREE_PASSES_ON), (GEMM2_TILE, "using Gemm2Tile = Tile<128, 256>;")),
 }
 PROMOTE_EVERY = "constexpr int kPromoteEvery = 4;"
+# Blocks row tile by row tile, as before stop 30 (a group of one row tile is that order).
+ROW_BY_ROW = ("constexpr int64_t kGroupRows = 16;", "constexpr int64_t kGroupRows = 1;")
+EDITS["row_by_row"] = (ROW_BY_ROW,)
+EDITS["three_passes_row_by_row"] = ((THREE_PASSES_OFF, THREE_PASSES_ON), ROW_BY_ROW)
 EDITS["three_passes_promote_16"] = ((THREE_PASSES_OFF, THREE_PASSES_ON), (PROMOTE_EVERY, "constexpr int kPromoteEvery = 16;"))
 EDITS["three_passes_unpromoted"] = ((THREE_PASSES_OFF, THREE_PASSES_ON), (PROMOTE_EVERY, "constexpr int kPromoteEvery = 0;"))
 PHASE_VARIANTS = ("transposes", "gemm1", "gemm2")
@@ -110,6 +116,7 @@ TIMED = (
     ("V2-Lite 4096", V2_LITE.with_tokens(1, 4096)),
     ("V2-Lite 8192", V2_LITE.with_tokens(1, 8192)),
     ("V3-TP8 4096", V3_TP8),
+    ("V3 4096", V3.with_tokens(1, 4096)),
     ("V3 16384", V3.with_tokens(1, 16384)),
 )
 
