@@ -38,6 +38,9 @@ class Step:
     max_rank: int | None = None  # launch limit on the latent width, if the step has one
     limit_reason: str = ""
     fp32_math: str = "fp32"  # "tf32": fp32 inputs run on TF32 tensor cores (looser tolerance)
+    # fp32 inputs on TF32 tensor cores in this many passes per product: 1 is TF32's accuracy, 3 (hi
+    # and lo parts) fp32's; 0 is on the FP32 pipes (FFMA). Its roofline floor and targets follow it.
+    fp32_tensor_passes: int = 0
     # nvcc -gencode flags for a step built only for some GPUs; empty means the GPU in use.
     arch_flags: tuple[str, ...] = ()
     # A step with a fast path for some inputs only: `applies(hidden, w_down, w_up_k, w_up_v, out)`
@@ -171,6 +174,7 @@ STEPS = (
         max_rank=512,
         limit_reason="the latent tile and two stages of both operands must fit the 99 KB of shared memory per block that Ada offers",
         fp32_math="tf32",
+        fp32_tensor_passes=1,
     ),
     Step(
         6,
@@ -180,6 +184,7 @@ STEPS = (
         max_rank=512,
         limit_reason="the bf16 latent tile of 128 tokens must fit next to three 32 KB load stages in the 227 KB of shared memory per block",
         fp32_math="tf32",
+        fp32_tensor_passes=1,
         arch_flags=HOPPER_ARCH_FLAGS,
         applies=_hopper_applies,
         fallback=5,
@@ -200,6 +205,7 @@ STEPS = (
         "08_bulk_mma.cu",
         max_rank=512,
         limit_reason="its fallback, step 7, takes rank <= 512",
+        fp32_tensor_passes=3,
         arch_flags=BULK_MMA_ARCH_FLAGS,
         applies=_bulk_mma_applies,
         fallback=7,
@@ -214,6 +220,7 @@ STEPS = (
         max_rank=512,
         limit_reason="its fallback, step 5, takes rank <= 512",
         fp32_math="tf32",
+        fp32_tensor_passes=1,
         arch_flags=HOPPER_ARCH_FLAGS,
         applies=_tf32_wgmma_applies,
         fallback=5,
@@ -226,6 +233,7 @@ STEPS = (
         "10_three_passes.cu",
         max_rank=640,
         limit_reason="its fallback, step 4, takes rank <= 640",
+        fp32_tensor_passes=3,
         arch_flags=HOPPER_ARCH_FLAGS,
         applies=_tf32_wgmma_applies,
         fallback=4,

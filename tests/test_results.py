@@ -5,6 +5,7 @@ import re
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 
 from mla_lab import bench, notebooks, plots, steps, sweep
 
@@ -125,3 +126,33 @@ def test_a_timing_table_keeps_its_columns_aligned_for_long_step_names():
     lines = bench.table(timings).splitlines()
     assert len({len(line) for line in lines}) == 1, lines
     assert lines[2].startswith("eager ") and lines[2].index("25.1") == lines[1].index("17.8")
+
+
+def _point(name: str, us: float, dtype: str = "fp32", shape: str = "v2_lite@4096") -> sweep.Result:
+    return sweep.Result(name, shape, 4096, dtype, "graph", "ok", median_us=us, rel_error=1e-6, of_floor=0.5)
+
+
+def test_the_ffma_target_is_judged_on_ffma_steps_only():
+    # Stop 29's sweep judged it on step 10, which takes fp32 in three TF32 passes on the tensor cores.
+    record = sweep.Sweep({}, [_point("step 4 (vectorized)", 723.9), _point("step 10 (three_passes)", 270.3),
+                              _point("cuBLAS concat", 547.4)])
+    ffma = next(t for t in sweep.targets(record) if "FFMA" in t.goal)
+    assert ffma.measured.startswith("step 4 (vectorized)") and ffma.met is False
+    assert sweep.best_step(record, "v2_lite@4096", "fp32", "graph", "fp32").name == "step 10 (three_passes)"
+    assert [s.number for s in steps.STEPS if s.fp32_tensor_passes == 3] == [8, 10]
+    assert all((s.fp32_math == "tf32") == (s.fp32_tensor_passes == 1) for s in steps.STEPS)
+
+
+def test_a_point_table_orders_steps_by_number():
+    record = sweep.Sweep({}, [_point(name, 1.0, shape="toy") for name in
+                              ("eager", "step 10 (three_passes)", "step 2 (shared_latent)", "step 9 (tf32_wgmma)")])
+    assert [line[:24].strip() for line in sweep.point_table(record, "toy").splitlines()[2:]] == [
+        "step 2 (shared_latent)", "step 9 (tf32_wgmma)", "step 10 (three_passes)", "eager"]
+
+
+def test_a_three_pass_steps_floor_is_three_times_the_tensor_work_at_the_tf32_rate():
+    shape = sweep.SHAPES["v2_lite@4096"]
+    ceilings = {"bf16 matmul TFLOP/s": 680.0, "fp32 matmul TFLOP/s": 51.0, "tf32 matmul TFLOP/s": 350.0, "copy TB/s": 4.2}
+    ffma, one, three = (sweep._floor_us(shape, torch.float32, ceilings, passes) for passes in (0, 1, 3))
+    assert three == pytest.approx(3 * one) and ffma > three
+    assert three == pytest.approx(3 * shape.flops() / 350e12 * 1e6)
