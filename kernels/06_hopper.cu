@@ -134,48 +134,23 @@ __device__ __forceinline__ void wait_for_writers(const unsigned* counter, unsign
 // ---- wgmma (descriptors and fences: mla_hopper.cuh) ---------------------------------------
 using Accumulator = float[64];  // this thread's share of a 64 x 128 fp32 tile
 
-#define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define MLA_ACC8_E(i) "+f"(e[i]), "+f"(e[i + 1]), "+f"(e[i + 2]), "+f"(e[i + 3]), \
-                      "+f"(e[i + 4]), "+f"(e[i + 5]), "+f"(e[i + 6]), "+f"(e[i + 7])
 // d += A (64 x 16, K-major) @ B (16 x 128, MN-major: the trailing 1 transposes B).
 __device__ __forceinline__ void wgmma_64x128x16(Accumulator& d, uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, accumulate, 1, 1, 0, 1;\n}\n"
-      : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
-        MLA_ACC8(48), MLA_ACC8(56)
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MLA_WGMMA_D64 ", %64, %65, accumulate, 1, 1, 0, 1;\n}\n"
+      : MLA_WGMMA_ACC64(d, 0)
       : "l"(a), "l"(b), "r"(1));
 }
 // d += A (64 x 16) @ B (16 x 256): 256 columns in two accumulators, left and right, read with one
 // A operand (each 64 columns of B a box of the same layout, `leading` bytes apart).
 __device__ __forceinline__ void wgmma_64x256x16(Accumulator& left, Accumulator& right, uint64_t a, uint64_t b) {
-  float* d = left;
-  float* e = right;
   asm volatile(
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, accumulate, 1, 1, 0, 1;\n}\n"
-      : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
-        MLA_ACC8(48), MLA_ACC8(56), MLA_ACC8_E(0), MLA_ACC8_E(8), MLA_ACC8_E(16), MLA_ACC8_E(24),
-        MLA_ACC8_E(32), MLA_ACC8_E(40), MLA_ACC8_E(48), MLA_ACC8_E(56)
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLA_WGMMA_D128 ", %128, %129, accumulate, 1, 1, 0, 1;\n}\n"
+      : MLA_WGMMA_ACC64(left, 0), MLA_WGMMA_ACC64(right, 0)
       : "l"(a), "l"(b), "r"(1));
 }
-#undef MLA_ACC8
-#undef MLA_ACC8_E
 
 // Calls f(row, column, pair_index) for this thread's result pairs: wgmma's accumulator layout,
 // (row, column) and (row, column + 1) in d[2 * pair_index], d[2 * pair_index + 1].

@@ -86,54 +86,31 @@ __device__ __forceinline__ float tf32_rest(float x, float hi) { return tf32(x - 
 // Both operands are K-major, in 128-byte swizzled rows: groups of 8 rows 1024 bytes apart.
 __device__ __forceinline__ uint64_t descriptor(uint32_t address) { return mla::descriptor(address, 16, 1024); }
 
-#define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 // d += A (64 x 8, K-major) @ B (8 x 2N, K-major), both TF32 in shared memory: this thread's N
 // accumulators of a 64 x 2N tile (N = 32, 64 or 128); d = A @ B when `accumulate` is false.
 template <int N>
 __device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b, bool accumulate = true) {
   static_assert(N == 32 || N == 64 || N == 128, "wgmma_tf32 has widths 64, 128 and 256");
-  if constexpr (N == 32) {  // m64n64k8
+  if constexpr (N == 32) {
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, accumulate, 1, 1;\n}\n"
-        : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24)
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 " MLA_WGMMA_D32 ", %32, %33, accumulate, 1, 1;\n}\n"
+        : MLA_WGMMA_ACC32(d, 0)
         : "l"(a), "l"(b), "r"(int(accumulate)));
-  } else if constexpr (N == 64) {  // m64n128k8
+  } else if constexpr (N == 64) {
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, accumulate, 1, 1;\n}\n"
-        : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
-          MLA_ACC8(48), MLA_ACC8(56)
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " MLA_WGMMA_D64 ", %64, %65, accumulate, 1, 1;\n}\n"
+        : MLA_WGMMA_ACC64(d, 0)
         : "l"(a), "l"(b), "r"(int(accumulate)));
-  } else {  // m64n256k8
+  } else {
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "%128, %129, accumulate, 1, 1;\n}\n"
-        : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
-          MLA_ACC8(48), MLA_ACC8(56), MLA_ACC8(64), MLA_ACC8(72), MLA_ACC8(80), MLA_ACC8(88),
-          MLA_ACC8(96), MLA_ACC8(104), MLA_ACC8(112), MLA_ACC8(120)
+        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 " MLA_WGMMA_D128 ", %128, %129, accumulate, 1, 1;\n}\n"
+        : MLA_WGMMA_ACC64(d, 0), MLA_WGMMA_ACC64(d, 64)
         : "l"(a), "l"(b), "r"(int(accumulate)));
   }
 }
-#undef MLA_ACC8
 
 // How a GEMM stores C: as computed (the output), or as the next GEMM's A operand: rounded to
 // TF32, or split into TF32 parts (hi into c, lo into c_lo).

@@ -79,6 +79,25 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
          uint64_t((stride & 0x3FFFF) >> 4) << 32 | 1ull << 62;
 }
 
+// wgmma's accumulators in PTX: the register list {%0, ..., %(N-1)} for N = 32, 64 or 128 fp32
+// registers a thread, and the operands that fill it, eight of array d's elements at a time
+// ("+f": wgmma reads and writes them). The instruction's other operands follow from %N.
+#define MLA_PTX_REGS_0_31 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MLA_PTX_REGS_32_63 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                           "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MLA_PTX_REGS_64_127 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+                            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+                            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+                            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define MLA_WGMMA_D32 "{" MLA_PTX_REGS_0_31 "}"
+#define MLA_WGMMA_D64 "{" MLA_PTX_REGS_0_31 ", " MLA_PTX_REGS_32_63 "}"
+#define MLA_WGMMA_D128 "{" MLA_PTX_REGS_0_31 ", " MLA_PTX_REGS_32_63 ", " MLA_PTX_REGS_64_127 "}"
+#define MLA_WGMMA_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                       "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MLA_WGMMA_ACC32(d, i) MLA_WGMMA_ACC8(d, i), MLA_WGMMA_ACC8(d, i + 8), MLA_WGMMA_ACC8(d, i + 16), MLA_WGMMA_ACC8(d, i + 24)
+#define MLA_WGMMA_ACC64(d, i) MLA_WGMMA_ACC32(d, i), MLA_WGMMA_ACC32(d, i + 32)
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
