@@ -239,6 +239,9 @@ struct Ring {
   __device__ uint32_t parity(int it) const { return it / depth & 1; }
 };
 
+// kPasses: the plan's passes per block, 1 or 2 (a block with fewer makes the same sweep and uses
+// what it needs of it); GEMM 1's ring has constant slots for each.
+template <int kPasses>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap hidden_map,
                   const __grid_constant__ CUtensorMap down_map,
@@ -253,6 +256,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
   const uint32_t latent = base + kStages * kStageBytes;
   auto barrier = [latent](int index) { return latent + kLatentBytes + 8 * index; };
+  constexpr uint32_t kGemm1SlotBytes = kHiddenBytes + 2 * kPasses * kDownBoxBytes;
+  const Ring down_ring{base, barrier(kDownFull), barrier(kDownEmpty), kGemm1RingBytes / kGemm1SlotBytes, kGemm1SlotBytes};
   const Ring up_ring{base, barrier(kUpFull), barrier(kUpEmpty), kStages, kStageBytes};
   const uint32_t turn = barrier(kTurns);
   const uint32_t latent_loaded = barrier(kLatentLoaded);
@@ -273,10 +278,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_latent_tile = first_latent_tile_of(rank);
   const int passes = passes_of(rank);
   const int64_t token_tile = token0 / kTokens;
-  // GEMM 1 makes the block's passes in one sweep over d_model (both at once when there are two).
-  const uint32_t gemm1_slot_bytes = kHiddenBytes + 2 * passes * kDownBoxBytes;
-  const Ring down_ring{base, barrier(kDownFull), barrier(kDownEmpty),
-                       int(kGemm1RingBytes / gemm1_slot_bytes), gemm1_slot_bytes};
 
   if (threadIdx.x == 0) {
     for (const Ring* ring : {&down_ring, &up_ring}) {
@@ -311,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int chunk = 0; chunk < gemm1_slots; ++chunk) {
         acquire(down_ring, chunk, down_ring.bytes);
         tma_load(down_ring.slot(chunk), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(chunk));
-        for (int box = 0; box < 2 * passes; ++box) {
+        for (int box = 0; box < 2 * kPasses; ++box) {
           tma_load(down_ring.slot(chunk) + kHiddenBytes + box * kDownBoxBytes, down_map,
                    first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(chunk));
         }
@@ -398,20 +399,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   // GEMM 1, both warpgroups on each slot (rows 64 * consumer ..): this block's latent columns,
   // kept in registers as bf16 pairs (and written to the scratch buffer for the other groups)
   // until every block of the cluster is done with its latent tile as ring slots, then written
-  // into this block's latent tile and copied into the other blocks'. `tiles` (a compile-time 1 or
-  // 2: the block's passes) latent tiles of 128 columns, in one sweep over d_model.
+  // into this block's latent tile and copied into the other blocks'. All kPasses latent tiles of
+  // 128 columns in one sweep over d_model.
+  static_assert(kPasses == 1 || kPasses == kHeldPasses, "GEMM 1 makes one or two latent tiles");
   Pairs latent_pairs[kHeldPasses];
-  auto gemm1 = [&](auto tiles) {
-    constexpr int kTiles = decltype(tiles)::value;
-    Accumulator acc[kTiles];
+  if (passes > 0) {
+    Accumulator acc[kPasses];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) zero(acc[t]);
+    for (int t = 0; t < kPasses; ++t) zero(acc[t]);
     run_slots(down_ring, 0, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
 #pragma unroll
       for (int k = 0; k < kChunk / 16; ++k) {
         const uint64_t hidden = descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024);
         const uint64_t down = descriptor(slot + kHiddenBytes + 16 * kRowBytes * k, kDownBoxBytes, 1024);
-        if constexpr (kTiles == 2) {
+        if constexpr (kPasses == 2) {
           wgmma_64x256x16(acc[0], acc[1], hidden, down);
         } else {
           wgmma_64x128x16(acc[0], hidden, down);
@@ -419,15 +420,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }, [] {});
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
+    for (int t = 0; t < kPasses; ++t) {
       fence_registers(acc[t]);
       pack_pairs(acc[t], latent_pairs[t]);
     }
-  };
-  if (passes == 2) {
-    gemm1(std::integral_constant<int, 2>{});
-  } else if (passes == 1) {
-    gemm1(std::integral_constant<int, 1>{});
   }
 #pragma unroll
   for (int pass = 0; pass < kHeldPasses; ++pass) {
@@ -515,7 +511,8 @@ bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t columns,
   return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, columns, box_rows);
 }
 
-// How many clusters of `blocks` blocks the GPU holds at once (0 if none), asked once per device.
+// How many clusters of `blocks` blocks the GPU holds at once (0 if none), asked once per device
+// (of hopper_kernel<1>: both forms take one SM a block, by their shared memory).
 int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
   static int known[64][kMaxCluster + 1] = {};  // 0: not asked yet; -1: none fit
   int device = 0;
@@ -526,7 +523,7 @@ int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
     cluster.val.clusterDim.x = unsigned(blocks);
     config.attrs = &cluster;
     config.gridDim = dim3(unsigned(blocks));
-    if (cudaOccupancyMaxActiveClusters(&fit, hopper_kernel, &config) != cudaSuccess || fit < 1) {
+    if (cudaOccupancyMaxActiveClusters(&fit, hopper_kernel<1>, &config) != cudaSuccess || fit < 1) {
       cudaGetLastError();  // a refused cluster size is an answer, not an error to report later
       fit = -1;
     }
@@ -614,15 +611,17 @@ Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_a
 }  // namespace
 
 extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {
-  if (!takes_fast_path(p) || mla::allow_shared_memory(hopper_kernel, shared_bytes()) != cudaSuccess) return 0;
+  if (!takes_fast_path(p) || mla::allow_shared_memory(hopper_kernel<1>, shared_bytes()) != cudaSuccess) return 0;
   cudaLaunchAttribute cluster;
   return plan_launch(p, launch_config(&cluster, nullptr), true).workspace_bytes();
 }
 
 extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   if (!takes_fast_path(p)) return cudaErrorNotSupported;  // mla_lab/steps.py sends these to step 5
-  cudaError_t err = mla::allow_shared_memory(hopper_kernel, shared_bytes());
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
+  for (auto kernel : {hopper_kernel<1>, hopper_kernel<2>}) {
+    if ((err = mla::allow_shared_memory(kernel, shared_bytes())) != cudaSuccess) return err;
+  }
   cudaLaunchAttribute cluster;
   cudaLaunchConfig_t config = launch_config(&cluster, stream);
   const Plan plan = plan_launch(p, config, p->workspace != nullptr);
@@ -646,7 +645,8 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
                       int(plan.exchange), int(plan.latent_tiles), scratch, ready};
   cluster.val.clusterDim.x = unsigned(plan.blocks);
   config.gridDim = dim3(unsigned(plan.token_tiles * plan.groups * plan.blocks));
-  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,
+  const auto kernel = plan.passes == 2 ? hopper_kernel<2> : hopper_kernel<1>;
+  err = cudaLaunchKernelEx(&config, kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,
                            static_cast<__nv_bfloat16*>(p->out), shapes);
   return err != cudaSuccess ? err : cudaGetLastError();
 }

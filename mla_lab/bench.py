@@ -182,13 +182,16 @@ class CublasConcatTf32:
     writes_into_out = True
 
     def __init__(self) -> None:
-        self._concatenated: dict[tuple[int, int], torch.Tensor] = {}
+        self._last: tuple = ()  # (w_up_k, w_up_v, their versions, the concatenation)
 
     def __call__(self, hidden, w_down, w_up_k, w_up_v, heads, out):
-        key = (w_up_k.data_ptr(), w_up_v.data_ptr())
-        if key not in self._concatenated:
-            self._concatenated[key] = layout.concat_weights(w_up_k, w_up_v)
-        return layout.concat_projection(hidden, w_down, self._concatenated[key], heads, out, allow_tf32=True)
+        # Held by identity, not by address: the last pair stays alive, so a new pair never takes its
+        # addresses and hits a stale concatenation (keyed by data_ptr, it did: stop 30's lab).
+        versions = (w_up_k._version, w_up_v._version)
+        fresh = bool(self._last) and self._last[0] is w_up_k and self._last[1] is w_up_v and self._last[2] == versions
+        if not fresh:
+            self._last = (w_up_k, w_up_v, versions, layout.concat_weights(w_up_k, w_up_v))
+        return layout.concat_projection(hidden, w_down, self._last[3], heads, out, allow_tf32=True)
 
 
 def compare(

@@ -72,6 +72,21 @@ def test_graph_samples_start_behind_a_busy_gpu_and_stream_samples_do_not(monkeyp
     assert asked == [False] * 10
 
 
+def test_the_tf32_cublas_contender_concatenates_again_for_new_or_changed_weights():
+    # It keeps its concatenation of [w_up_k | w_up_v] between calls. Keyed by address, it once
+    # served a freed pair's concatenation to a new pair at the same addresses (stop 30's lab).
+    shape = Shape(1, 3, 16, 8, 2, 4)
+    contender = bench.CublasConcatTf32()
+    for seed in range(3):
+        inputs = make_inputs(shape, torch.float32, seed=seed)
+        for _ in range(2):
+            out = torch.full(shape.out_shape, float("nan"))
+            contender(*inputs, shape.heads, out=out)
+            assert check.compare(out, reference(*inputs, shape.heads).double(), torch.float32, shape).ok
+            inputs.w_up_v.mul_(-2.0)  # changed in place: the next call must see it
+        del inputs  # its addresses are free for the next seed's weights
+
+
 def test_the_tf32_cublas_contender_is_handed_an_out_fills_it_and_restores_the_setting():
     # compare() calls a kernel that does not say it writes into an out without one; this one needs one
     # (a lab once stopped on that), and it must leave torch's global TF32 setting as it found it.

@@ -42,7 +42,8 @@ def test_each_variant_is_built_as_its_step_and_one_that_fails_is_left_out(monkey
 
 def test_the_tf32_lab_holds_its_three_pass_variants_to_fp32s_tolerance():
     lab = experiment_scripts.load("tf32/lab.py")
-    assert set(lab.STEP_OF) & set(lab.CORRECT) == {"three_passes", "three_passes_gemm2_wide", "three_passes_promote_16"}
+    assert set(lab.STEP_OF) & set(lab.CORRECT) == {"three_passes", "three_passes_gemm2_wide", "three_passes_promote_16",
+                                                  "three_passes_row_by_row"}
     assert set(lab.STEP_OF) - set(lab.CORRECT) == {f"three_passes_{phase}" for phase in lab.PHASE_VARIANTS} | set(lab.INACCURATE)
     assert all(step.fp32_math == "fp32" for step in lab.STEP_OF.values()) and lab.STEP.fp32_math == "tf32"
     assert lab.STEP is steps.get(9) and set(lab.STEP_OF.values()) == {steps.get(10)}

@@ -46,14 +46,14 @@ STAGGER_SWITCHES = {
         "      for (int chunk = 0; chunk < gemm1_slots; ++chunk) {\n"
         "        acquire(down_ring, chunk, down_ring.bytes);\n"
         "        tma_load(down_ring.slot(chunk), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(chunk));\n"
-        "        for (int box = 0; box < 2 * passes; ++box) {\n"
+        "        for (int box = 0; box < 2 * kPasses; ++box) {\n"
         "          tma_load(down_ring.slot(chunk) + kHiddenBytes + box * kDownBoxBytes, down_map,\n"
         "                   first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(chunk));\n",
         "      for (int it = 0; it < gemm1_slots; ++it) {\n"
         "        const int chunk = int((it + token_tile) % down_chunks);\n"
         "        acquire(down_ring, it, down_ring.bytes);\n"
         "        tma_load(down_ring.slot(it), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(it));\n"
-        "        for (int box = 0; box < 2 * passes; ++box) {\n"
+        "        for (int box = 0; box < 2 * kPasses; ++box) {\n"
         "          tma_load(down_ring.slot(it) + kHiddenBytes + box * kDownBoxBytes, down_map,\n"
         "                   first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(it));\n"),
     "LAB_STAGGER_UP_LOADS": (
@@ -79,12 +79,12 @@ MARK_COLUMNS = ("start_ns", "start", "gemm1_done", "cluster_slices_in", "latent_
 MARK_ROWS = 4096
 TIMELINE_SWITCHES = {
     "LAB_TIMELINE_MARKS": (
-        "__global__ void __launch_bounds__(kThreads, 1)\n",
+        "template <int kPasses>\n__global__ void __launch_bounds__(kThreads, 1)\n",
         f"__device__ long long lab_marks[{MARK_ROWS}][{len(MARK_COLUMNS)}];\n"
         "__device__ __forceinline__ long long lab_ns() {\n"
         "  long long t;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n  return t;\n}\n"
         f"#define LAB_MARK(i, value) do {{ if (blockIdx.x < {MARK_ROWS}) lab_marks[blockIdx.x][i] = (value); }} while (0)\n"
-        "__global__ void __launch_bounds__(kThreads, 1)\n"),
+        "template <int kPasses>\n__global__ void __launch_bounds__(kThreads, 1)\n"),
     "LAB_TIMELINE_READER": (
         'extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {\n',
         'extern "C" int lab_clear_marks() {\n  void* marks = nullptr;\n'
@@ -221,8 +221,8 @@ TMA_STORE_SWITCHES = {
         "  if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||\n"
         "      !make_map(&out_map, p->out, p->tokens, 2 * width, kTokens) ||\n"),
     "LAB_TMA_STORE_MAP_PASSED": (
-        "  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n",
-        "  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n"
+        "  err = cudaLaunchKernelEx(&config, kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n",
+        "  err = cudaLaunchKernelEx(&config, kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n"
         "                           out_map,\n"),
     # GEMM 2 is the only caller of run_slots with one slot in flight: its last slot stays taken.
     "LAB_TMA_STORE_KEEP_LAST_SLOT": (
