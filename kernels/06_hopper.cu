@@ -26,7 +26,7 @@
 //   with TMA. Otherwise each group recomputes the latent.
 // - Copies in flight: a ring's depth sets how long a block can wait on its copies (a ring of 2
 //   slots instead of 3 made V2-Lite 28-35 % slower), so GEMM 1's ring also runs through the
-//   latent tile, free until GEMM 1 is done (kGemm1RingBytes).
+//   latent tile, free until GEMM 1 is done (kGemm1Depth).
 //
 // Runs where TMA and wgmma apply: bf16, an sm_90 GPU, d_model and rank multiples of 8 (TMA
 // rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
@@ -56,17 +56,12 @@ constexpr int kMaxRank = 512;
 // until every block of its cluster is done with GEMM 1 (a cluster barrier): at most kHeldPasses
 // latent tiles, so the launcher gives no block more passes than that.
 constexpr int kLatentBytes = kTokens * kMaxRank * 2;
-constexpr int kGemm1RingBytes = kStages * kStageBytes + kLatentBytes;
-constexpr int kGemm1Depth = kGemm1RingBytes / kStageBytes;  // the most slots: GEMM 1's are 32 or 48 KB
+constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;
 constexpr int kHeldPasses = 2;
 constexpr int kMaxCluster = 4;
 constexpr int kThreads = 3 * 128;     // warpgroup 0 loads, warpgroups 1 and 2 compute
 constexpr int kConsumerWarps = 8;
-// GEMM 1 slot: the hidden box (128 tokens x 64 K), then w_down as two 64 K x 64 column boxes per
-// pass. A block with two passes makes them at once (a "wide" GEMM 1: slots of four w_down boxes,
-// 48 KB, and m64n256 wgmmas): each hidden box then comes from L2 once instead of twice, so GEMM 1
-// streams 48 KB per 128 x 256 x 64 product instead of 64 KB, and each wgmma reads its hidden rows
-// from shared memory once for 256 latent columns instead of 128.
+// GEMM 1 slot: the hidden box (128 tokens x 64 K), then w_down as two 64 K x 64 column boxes.
 // GEMM 2 slot: [w_up_k | w_up_v] as two 128 K x 64 column boxes.
 constexpr int kHiddenBytes = kTokens * kRowBytes;
 constexpr int kDownBoxBytes = kChunk * kRowBytes;
@@ -134,23 +129,23 @@ __device__ __forceinline__ void wait_for_writers(const unsigned* counter, unsign
 // ---- wgmma (descriptors and fences: mla_hopper.cuh) ---------------------------------------
 using Accumulator = float[64];  // this thread's share of a 64 x 128 fp32 tile
 
+#define MLA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 // d += A (64 x 16, K-major) @ B (16 x 128, MN-major: the trailing 1 transposes B).
 __device__ __forceinline__ void wgmma_64x128x16(Accumulator& d, uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MLA_WGMMA_D64 ", %64, %65, accumulate, 1, 1, 0, 1;\n}\n"
-      : MLA_WGMMA_ACC64(d, 0)
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, accumulate, 1, 1, 0, 1;\n}\n"
+      : MLA_ACC8(0), MLA_ACC8(8), MLA_ACC8(16), MLA_ACC8(24), MLA_ACC8(32), MLA_ACC8(40),
+        MLA_ACC8(48), MLA_ACC8(56)
       : "l"(a), "l"(b), "r"(1));
 }
-// d += A (64 x 16) @ B (16 x 256): 256 columns in two accumulators, left and right, read with one
-// A operand (each 64 columns of B a box of the same layout, `leading` bytes apart).
-__device__ __forceinline__ void wgmma_64x256x16(Accumulator& left, Accumulator& right, uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLA_WGMMA_D128 ", %128, %129, accumulate, 1, 1, 0, 1;\n}\n"
-      : MLA_WGMMA_ACC64(left, 0), MLA_WGMMA_ACC64(right, 0)
-      : "l"(a), "l"(b), "r"(1));
-}
+#undef MLA_ACC8
 
 // Calls f(row, column, pair_index) for this thread's result pairs: wgmma's accumulator layout,
 // (row, column) and (row, column + 1) in d[2 * pair_index], d[2 * pair_index + 1].
@@ -227,21 +222,16 @@ __device__ __forceinline__ uint32_t latent_offset(int row, int column) {
   return column / kChunk * kLatentChunkBytes + row * kRowBytes + ((unit ^ row % 8) * 16) + column % 8 * 2;
 }
 
-// A ring of `depth` slots of `bytes` each: the producer fills slot `it % depth`, the consumers
-// drain it.
+// A ring of `depth` slots: the producer fills slot `it % depth`, the consumers drain it.
 struct Ring {
   uint32_t slots, full, empty;  // shared addresses: slot 0, then `depth` mbarriers each
   int depth;
-  uint32_t bytes;
-  __device__ uint32_t slot(int it) const { return slots + it % depth * bytes; }
+  __device__ uint32_t slot(int it) const { return slots + it % depth * kStageBytes; }
   __device__ uint32_t full_bar(int it) const { return full + it % depth * 8; }
   __device__ uint32_t empty_bar(int it) const { return empty + it % depth * 8; }
   __device__ uint32_t parity(int it) const { return it / depth & 1; }
 };
 
-// kPasses: the plan's passes per block, 1 or 2 (a block with fewer makes the same sweep and uses
-// what it needs of it); GEMM 1's ring has constant slots for each.
-template <int kPasses>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap hidden_map,
                   const __grid_constant__ CUtensorMap down_map,
@@ -256,9 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
   const uint32_t latent = base + kStages * kStageBytes;
   auto barrier = [latent](int index) { return latent + kLatentBytes + 8 * index; };
-  constexpr uint32_t kGemm1SlotBytes = kHiddenBytes + 2 * kPasses * kDownBoxBytes;
-  const Ring down_ring{base, barrier(kDownFull), barrier(kDownEmpty), kGemm1RingBytes / kGemm1SlotBytes, kGemm1SlotBytes};
-  const Ring up_ring{base, barrier(kUpFull), barrier(kUpEmpty), kStages, kStageBytes};
+  const Ring down_ring{base, barrier(kDownFull), barrier(kDownEmpty), kGemm1Depth};
+  const Ring up_ring{base, barrier(kUpFull), barrier(kUpEmpty), kStages};
   const uint32_t turn = barrier(kTurns);
   const uint32_t latent_loaded = barrier(kLatentLoaded);
   const uint32_t latent_from_cluster = barrier(kLatentFromCluster);
@@ -308,13 +297,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         barrier_wait(ring.empty_bar(it), ring.parity(it) ^ 1);
         barrier_expect_bytes(ring.full_bar(it), bytes);
       };
-      const int gemm1_slots = passes > 0 ? down_chunks : 0;
-      for (int chunk = 0; chunk < gemm1_slots; ++chunk) {
-        acquire(down_ring, chunk, down_ring.bytes);
-        tma_load(down_ring.slot(chunk), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(chunk));
-        for (int box = 0; box < 2 * kPasses; ++box) {
-          tma_load(down_ring.slot(chunk) + kHiddenBytes + box * kDownBoxBytes, down_map,
-                   first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(chunk));
+      const int gemm1_slots = passes * down_chunks;
+      for (int it = 0; it < gemm1_slots; ++it) {
+        const int pass = it / down_chunks, chunk = it % down_chunks;
+        const int column0 = (first_latent_tile + pass) * kColumns;
+        acquire(down_ring, it, kStageBytes);
+        tma_load(down_ring.slot(it), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(it));
+        for (int half = 0; half < 2; ++half) {
+          tma_load(down_ring.slot(it) + kHiddenBytes + half * kDownBoxBytes, down_map,
+                   column0 + half * kChunk, chunk * kChunk, down_ring.full_bar(it));
         }
       }
       if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles
@@ -332,14 +323,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      // GEMM 2's first kStages fills go where GEMM 1's slots were: each waits until GEMM 1's last
-      // use of every slot it overlaps is drained.
+      // GEMM 2's first kStages fills go into slots GEMM 1 used: each waits until GEMM 1's last use
+      // of its slot is drained.
       const int up_slots = int(mla::ceil_div(output_tiles - first_tile, tile_step)) * up_stages;
       for (int it = 0; it < up_slots; ++it) {
-        const int first_used = int(it * kStageBytes / down_ring.bytes);
-        const int last_used = min(int(((it + 1) * kStageBytes - 1) / down_ring.bytes), gemm1_slots - 1);
-        for (int used = first_used; it < kStages && used <= last_used; ++used) {
-          const int last_use = used + (gemm1_slots - 1 - used) / down_ring.depth * down_ring.depth;
+        if (it < gemm1_slots && it < kStages) {
+          const int last_use = it + (gemm1_slots - 1 - it) / kGemm1Depth * kGemm1Depth;
           barrier_wait(down_ring.empty_bar(last_use), down_ring.parity(last_use));
         }
         const int tile = first_tile + it / up_stages * tile_step, depth = it % up_stages;
@@ -399,35 +388,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   // GEMM 1, both warpgroups on each slot (rows 64 * consumer ..): this block's latent columns,
   // kept in registers as bf16 pairs (and written to the scratch buffer for the other groups)
   // until every block of the cluster is done with its latent tile as ring slots, then written
-  // into this block's latent tile and copied into the other blocks'. All kPasses latent tiles of
-  // 128 columns in one sweep over d_model.
-  static_assert(kPasses == 1 || kPasses == kHeldPasses, "GEMM 1 makes one or two latent tiles");
+  // into this block's latent tile and copied into the other blocks'.
   Pairs latent_pairs[kHeldPasses];
-  if (passes > 0) {
-    Accumulator acc[kPasses];
-#pragma unroll
-    for (int t = 0; t < kPasses; ++t) zero(acc[t]);
-    run_slots(down_ring, 0, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
-#pragma unroll
-      for (int k = 0; k < kChunk / 16; ++k) {
-        const uint64_t hidden = descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024);
-        const uint64_t down = descriptor(slot + kHiddenBytes + 16 * kRowBytes * k, kDownBoxBytes, 1024);
-        if constexpr (kPasses == 2) {
-          wgmma_64x256x16(acc[0], acc[1], hidden, down);
-        } else {
-          wgmma_64x128x16(acc[0], hidden, down);
-        }
-      }
-    }, [] {});
-#pragma unroll
-    for (int t = 0; t < kPasses; ++t) {
-      fence_registers(acc[t]);
-      pack_pairs(acc[t], latent_pairs[t]);
-    }
-  }
 #pragma unroll
   for (int pass = 0; pass < kHeldPasses; ++pass) {
     if (pass >= passes) break;
+    Accumulator acc;
+    zero(acc);
+    run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
+#pragma unroll
+      for (int k = 0; k < kChunk / 16; ++k) {
+        wgmma_64x128x16(acc, descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024),
+                        descriptor(slot + kHiddenBytes + 16 * kRowBytes * k, kDownBoxBytes, 1024));
+      }
+    }, [] {});
+    fence_registers(acc);
+    pack_pairs(acc, latent_pairs[pass]);
     if (s.exchange) {
       const int64_t scratch_columns = int64_t(s.latent_tiles) * kColumns;
       store_tile(latent_pairs[pass], s.scratch, token0 + consumer * 64, token0 + kTokens, scratch_columns,
@@ -511,8 +487,7 @@ bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t columns,
   return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, columns, box_rows);
 }
 
-// How many clusters of `blocks` blocks the GPU holds at once (0 if none), asked once per device
-// (of hopper_kernel<1>: both forms take one SM a block, by their shared memory).
+// How many clusters of `blocks` blocks the GPU holds at once (0 if none), asked once per device.
 int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
   static int known[64][kMaxCluster + 1] = {};  // 0: not asked yet; -1: none fit
   int device = 0;
@@ -523,7 +498,7 @@ int clusters_that_fit(int blocks, cudaLaunchConfig_t config) {
     cluster.val.clusterDim.x = unsigned(blocks);
     config.attrs = &cluster;
     config.gridDim = dim3(unsigned(blocks));
-    if (cudaOccupancyMaxActiveClusters(&fit, hopper_kernel<1>, &config) != cudaSuccess || fit < 1) {
+    if (cudaOccupancyMaxActiveClusters(&fit, hopper_kernel, &config) != cudaSuccess || fit < 1) {
       cudaGetLastError();  // a refused cluster size is an answer, not an error to report later
       fit = -1;
     }
@@ -569,9 +544,8 @@ struct Plan {
 
 // Cluster size and groups (clusters splitting a token tile's output tiles), the cheapest by waves
 // x one block's work, where a wave is as many clusters as the GPU holds at once (a cluster's
-// blocks share a GPC, so fewer clusters of 4 than SMs / 4 may fit) and work counts the bytes each
-// GEMM streams, in 32 KB slots (GEMM 1 is bound by that stream, measured: kernels/NOTES.md): GEMM 1
-// 16 KB of hidden and 16 KB of w_down per pass for each 64-deep chunk, GEMM 2 32 KB per slot.
+// blocks share a GPC, so fewer clusters of 4 than SMs / 4 may fit) and work counts ring slots:
+// both GEMMs stream 32 KB per slot (GEMM 1 is bound by that stream, measured: kernels/NOTES.md).
 // Groups split GEMM 1 too, exchanging slices through global memory, when the whole grid is
 // resident at once (a block waits for the others' slices) and that saves GEMM 1 passes;
 // otherwise each group recomputes the latent. No block makes more than kHeldPasses passes (so at
@@ -596,7 +570,7 @@ Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_a
       const bool exchange = exchange_allowed && waves == 1 && shared < alone;
       const int64_t passes = exchange ? shared : alone;
       if (passes > kHeldPasses) continue;
-      const double cost = double(waves) * (double(1 + passes) / 2 * down_slots +
+      const double cost = double(waves) * (double(passes) * down_slots +
                                             double(mla::ceil_div(output_tiles, blocks * groups)) * up_slots);
       if (best_cost == 0.0 || cost < 0.999 * best_cost || (cost < 1.001 * best_cost && waves < best_waves)) {
         best_cost = cost, best_waves = waves;
@@ -611,17 +585,15 @@ Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_a
 }  // namespace
 
 extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {
-  if (!takes_fast_path(p) || mla::allow_shared_memory(hopper_kernel<1>, shared_bytes()) != cudaSuccess) return 0;
+  if (!takes_fast_path(p) || mla::allow_shared_memory(hopper_kernel, shared_bytes()) != cudaSuccess) return 0;
   cudaLaunchAttribute cluster;
   return plan_launch(p, launch_config(&cluster, nullptr), true).workspace_bytes();
 }
 
 extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   if (!takes_fast_path(p)) return cudaErrorNotSupported;  // mla_lab/steps.py sends these to step 5
-  cudaError_t err = cudaSuccess;
-  for (auto kernel : {hopper_kernel<1>, hopper_kernel<2>}) {
-    if ((err = mla::allow_shared_memory(kernel, shared_bytes())) != cudaSuccess) return err;
-  }
+  cudaError_t err = mla::allow_shared_memory(hopper_kernel, shared_bytes());
+  if (err != cudaSuccess) return err;
   cudaLaunchAttribute cluster;
   cudaLaunchConfig_t config = launch_config(&cluster, stream);
   const Plan plan = plan_launch(p, config, p->workspace != nullptr);
@@ -645,8 +617,7 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
                       int(plan.exchange), int(plan.latent_tiles), scratch, ready};
   cluster.val.clusterDim.x = unsigned(plan.blocks);
   config.gridDim = dim3(unsigned(plan.token_tiles * plan.groups * plan.blocks));
-  const auto kernel = plan.passes == 2 ? hopper_kernel<2> : hopper_kernel<1>;
-  err = cudaLaunchKernelEx(&config, kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,
+  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,
                            static_cast<__nv_bfloat16*>(p->out), shapes);
   return err != cudaSuccess ? err : cudaGetLastError();
 }

@@ -28,11 +28,11 @@ from mla_lab import bench, build, check, steps  # noqa: E402
 from mla_lab.problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs  # noqa: E402
 
 BUILD = Path(__file__).resolve().parent / "build"
-PREVIOUS_COMMIT = "73b60fd"
+PREVIOUS_COMMIT = "fa31c3c"
 # switch -> (text in kernels/06_hopper.cu, what replaces it under #ifdef switch)
 SWITCHES = {
-    "LAB_GEMM1_IN_FLIGHT": ("run_slots(down_ring, 0, down_chunks, 1, std::false_type{}, [&]",
-                            "run_slots(down_ring, 0, down_chunks, 1, std::true_type{}, [&]"),
+    "LAB_GEMM1_IN_FLIGHT": ("run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&]",
+                            "run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::true_type{}, [&]"),
     "LAB_GEMM2_DRAIN": ("run_slots(up_ring, index * up_stages, up_stages, 2, std::true_type{}, [&]",
                         "run_slots(up_ring, index * up_stages, up_stages, 2, std::false_type{}, [&]"),
     "LAB_LATE_TURN": ("    }, pass_turn);\n", "    }, [] {});\n    pass_turn();\n"),
@@ -42,20 +42,8 @@ SWITCHES = {
 # same weights in the same order, so all SMs ask the same few L2 lines at once. The stagger
 # switches start each token tile at a different output tile (and w_down chunk) to spread them.
 STAGGER_SWITCHES = {
-    "LAB_STAGGER_DOWN": (
-        "      for (int chunk = 0; chunk < gemm1_slots; ++chunk) {\n"
-        "        acquire(down_ring, chunk, down_ring.bytes);\n"
-        "        tma_load(down_ring.slot(chunk), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(chunk));\n"
-        "        for (int box = 0; box < 2 * kPasses; ++box) {\n"
-        "          tma_load(down_ring.slot(chunk) + kHiddenBytes + box * kDownBoxBytes, down_map,\n"
-        "                   first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(chunk));\n",
-        "      for (int it = 0; it < gemm1_slots; ++it) {\n"
-        "        const int chunk = int((it + token_tile) % down_chunks);\n"
-        "        acquire(down_ring, it, down_ring.bytes);\n"
-        "        tma_load(down_ring.slot(it), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(it));\n"
-        "        for (int box = 0; box < 2 * kPasses; ++box) {\n"
-        "          tma_load(down_ring.slot(it) + kHiddenBytes + box * kDownBoxBytes, down_map,\n"
-        "                   first_latent_tile * kColumns + box * kChunk, chunk * kChunk, down_ring.full_bar(it));\n"),
+    "LAB_STAGGER_DOWN": ("        const int pass = it / down_chunks, chunk = it % down_chunks;\n",
+                         "        const int pass = it / down_chunks, chunk = int((it % down_chunks + token_tile) % down_chunks);\n"),
     "LAB_STAGGER_UP_LOADS": (
         "        const int tile = first_tile + it / up_stages * tile_step, depth = it % up_stages;\n",
         "        const int lab_tiles = max(0, (output_tiles - first_tile + tile_step - 1) / tile_step);\n"
@@ -79,12 +67,12 @@ MARK_COLUMNS = ("start_ns", "start", "gemm1_done", "cluster_slices_in", "latent_
 MARK_ROWS = 4096
 TIMELINE_SWITCHES = {
     "LAB_TIMELINE_MARKS": (
-        "template <int kPasses>\n__global__ void __launch_bounds__(kThreads, 1)\n",
+        "__global__ void __launch_bounds__(kThreads, 1)\n",
         f"__device__ long long lab_marks[{MARK_ROWS}][{len(MARK_COLUMNS)}];\n"
         "__device__ __forceinline__ long long lab_ns() {\n"
         "  long long t;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n  return t;\n}\n"
         f"#define LAB_MARK(i, value) do {{ if (blockIdx.x < {MARK_ROWS}) lab_marks[blockIdx.x][i] = (value); }} while (0)\n"
-        "template <int kPasses>\n__global__ void __launch_bounds__(kThreads, 1)\n"),
+        "__global__ void __launch_bounds__(kThreads, 1)\n"),
     "LAB_TIMELINE_READER": (
         'extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {\n',
         'extern "C" int lab_clear_marks() {\n  void* marks = nullptr;\n'
@@ -146,10 +134,10 @@ SWITCHES["LAB_NO_STG"] = (GEMM2_STORES, RUNTIME_ZERO +
                           "    store_tile(lower, out, token0 + 64, lab_zero, columns, column0);\n")
 # GEMM 1's ring: every slot and the latent tile (committed), only the kStages slots (`ring3`, as
 # before it borrowed the latent tile), or two borrowed slots (`ring5`); and GEMM 2's ring of 2.
-SWITCHES["LAB_GEMM1_RING3"] = ("constexpr int kGemm1RingBytes = kStages * kStageBytes + kLatentBytes;",
-                               "constexpr int kGemm1RingBytes = kStages * kStageBytes;")
-SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1RingBytes = kStages * kStageBytes + kLatentBytes;",
-                               "constexpr int kGemm1RingBytes = (kStages + 2) * kStageBytes;")
+SWITCHES["LAB_GEMM1_RING3"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
+                               "constexpr int kGemm1Depth = kStages;")
+SWITCHES["LAB_GEMM1_RING5"] = ("constexpr int kGemm1Depth = kStages + kLatentBytes / kStageBytes;",
+                               "constexpr int kGemm1Depth = kStages + 2;")
 SWITCHES["LAB_STAGES2"] = ("constexpr int kStages = 3;", "constexpr int kStages = 2;")
 # Timing only, where the output stores cost (stop 19): every tile stored over its token tile's
 # first (the same 32 KB again and again: L2 hits, no DRAM traffic). The zero comes from PTX so
@@ -221,8 +209,8 @@ TMA_STORE_SWITCHES = {
         "  if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||\n"
         "      !make_map(&out_map, p->out, p->tokens, 2 * width, kTokens) ||\n"),
     "LAB_TMA_STORE_MAP_PASSED": (
-        "  err = cudaLaunchKernelEx(&config, kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n",
-        "  err = cudaLaunchKernelEx(&config, kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n"
+        "  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n",
+        "  err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,\n"
         "                           out_map,\n"),
     # GEMM 2 is the only caller of run_slots with one slot in flight: its last slot stays taken.
     "LAB_TMA_STORE_KEEP_LAST_SLOT": (
