@@ -218,21 +218,31 @@ def test_step8_lab_variants_still_apply_and_compile_without_spills(variant, tmp_
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
 
 
-def test_step8s_tma_copies_patch_still_applies_and_compiles_without_spills(tmp_path):
-    """experiments/step8/tma_copies.patch keeps the form of step 8 that stop 29 measured and did
-    not adopt (NOTES.md): it must still apply to the files it edits, and step 8 with it build for
-    sm_90 without spills, or its reproduction command in NOTES would not run."""
-    patch = REPO / "experiments/step8/tma_copies.patch"
+# Forms measured and not adopted, kept as patches that NOTES.md's reproduction commands apply:
+# (patch, the kernel it edits, a line only the patched kernel has).
+KEPT_PATCHES = [
+    ("experiments/step8/tma_copies.patch", "kernels/08_bulk_mma.cu", "constexpr bool kTensorCopies = true;"),
+    ("experiments/step6/wide_gemm1.patch", "kernels/06_hopper.cu", "template <int kPasses>"),
+]
+
+
+@pytest.mark.parametrize("patch_path, kernel_path, marker", KEPT_PATCHES, ids=lambda x: Path(x).name if "/" in x else x)
+def test_kept_patches_still_apply_and_compile_without_spills(patch_path, kernel_path, marker, tmp_path):
+    """experiments/step8/tma_copies.patch (stop 29) and experiments/step6/wide_gemm1.patch (stop 30)
+    keep forms of steps 8 and 6 that were measured and not adopted (NOTES.md): each must still apply
+    to the files it edits, and its kernel build for its GPUs without spills, or the reproduction
+    commands in NOTES would not run."""
+    patch = REPO / patch_path
     edited = re.findall(r"^\+\+\+ b/(\S+)$", patch.read_text(), re.M)
-    assert "kernels/08_bulk_mma.cu" in edited
+    assert kernel_path in edited
     for path in edited:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, tmp_path / path)
     applied = subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, capture_output=True, text=True)
     assert applied.returncode == 0, applied.stderr
-    patched = tmp_path / "kernels/08_bulk_mma.cu"
-    assert "constexpr bool kTensorCopies = true;" in patched.read_text()
-    result = compile_with_ptxas_report(patched, ARCHS_OF["08_bulk_mma.cu"], tmp_path)
+    patched = tmp_path / kernel_path
+    assert marker in patched.read_text()
+    result = compile_with_ptxas_report(patched, ARCHS_OF[Path(kernel_path).name], tmp_path)
     assert result.returncode == 0, result.stderr
     assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", result.stderr)), result.stderr
 
