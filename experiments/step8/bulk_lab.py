@@ -29,8 +29,10 @@ graph replay, median µs, in interleaved rounds (`bench.compare`):
               over the output (printed as medians (max) over the blocks, then timed)
 
 experiments/step8/tma_copies.patch is the form with TMA tensor copies (stop 29; not adopted,
-kernels/NOTES.md): `git apply` it and this lab's base is that form and its variant `bulk` the bulk
-copies (`python experiments/step8/bulk_lab.py base bulk step7`); `git apply -R` takes it back out.
+kernels/NOTES.md; since stop 31 each lane's swizzled offsets are worked out once, not yet run on a
+GPU, and the form stop 29 measured is the patch as commit ec1efe3 has it): `git apply` it and this
+lab's base is that form and its variant `bulk` the bulk copies (`python
+experiments/step8/bulk_lab.py base bulk step7`); `git apply -R` takes it back out.
 """
 import sys
 from pathlib import Path
