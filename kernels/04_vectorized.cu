@@ -17,7 +17,7 @@
 //   columns: its lanes are 4 token groups x 8 column groups, so one read of a slice gives a lane
 //   its 4 columns, or one token's 4 depths (2 in fp32: `kADepths`), and the warp's reads land in
 //   different banks. A depth of the slice costs 32 multiply-adds for 3 reads in bf16, 5 in fp32,
-//   each one shared-memory wavefront; step 3 paid 16 multiply-adds for 8 reads. (Until stop 22
+//   each one shared-memory wavefront; step 3 paid 16 multiply-adds for 8 reads. (In an earlier form
 //   all lanes of a warp shared their tokens: the same 3 reads took 6 wavefronts, which would keep
 //   shared memory 75 % busy at the FP32 pipes' peak.) 16 warps, 4 per scheduler, hide one
 //   another's waits. Tiles are 32 tokens x 512 columns; a warp whose 32 columns lie past the
@@ -28,7 +28,7 @@
 //   token tile are split over several blocks when that is faster, each recomputing the tile's
 //   latent (mla::choose_column_splits counts that cost). The toy has one tile of 512 columns,
 //   so 12 blocks still, and there this step is slower than its version with 128-column tiles
-//   and one slice at a time was (kernels/NOTES.md has the numbers).
+//   and one slice at a time was (kernels/04_vectorized.md has the numbers).
 //
 // Launch limit: as step 3, rank <= 640 (the fp32 latent tile and two slices in shared memory; in
 // fp32 on an Ada GPU's 99 KB per block, two 4-deep ones at rank 640).
@@ -99,7 +99,7 @@ __device__ __forceinline__ void store_four(__nv_bfloat16* dst, const float (&v)[
 // How many depths of its A rows a thread takes per shared-memory read: 4 in bf16, 2 in fp32.
 // Reading 2 holds 16 A values in registers across the multiply-adds instead of 32, for twice the
 // reads: in fp32 that was 3.5 % faster at V2-Lite 4096 and 8192 tokens, in bf16 1.6 % slower
-// (kernels/NOTES.md, stop 23).
+// (kernels/04_vectorized.md).
 template <typename T>
 constexpr int kADepths = sizeof(T) == sizeof(float) ? 2 : 4;
 template <int kDepths>
@@ -200,7 +200,7 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
 
   // A double buffer, so "slice s has landed" is "all this thread's copies have": a wait whose
   // count is a constant, as the instruction needs. (A ring of 2 to 4 slices, its depth chosen at
-  // run time, waited through a jump table on that depth and was 3 % slower: kernels/NOTES.md.)
+  // run time, waited through a jump table on that depth and was 3 % slower: kernels/04_vectorized.md.)
   static_assert(kBuffers == 2, "slice s + 1 goes to the other buffer, and slice s is all that is in flight");
   int current = 0;  // the buffer of slice s
   if (slices > 0) stage_slice(0, current);

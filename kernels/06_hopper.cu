@@ -31,7 +31,7 @@
 // Runs where TMA and wgmma apply: bf16, an sm_90 GPU, d_model and rank multiples of 8 (TMA
 // rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
 // straddles k and v), rank <= 512 (the 128-token latent tile fills 128 KB of shared memory), and
-// 16-byte aligned tensors. Everything else runs step 5 (mla_lab/steps.py chooses).
+// 16-byte aligned tensors (mla_takes). The binding runs everything else on step 5.
 #include <stdint.h>
 
 #include <type_traits>
@@ -104,7 +104,7 @@ __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
 // Copies `bytes` of this block's shared memory at `local` to the same offset in block `rank` of
 // the cluster, completing on that block's mbarrier at the offset of `bar` (one bulk copy: 4-byte
-// stores into another block took 7.5 µs per 32 KB latent tile at V2-Lite, kernels/NOTES.md).
+// stores into another block took 7.5 µs per 32 KB latent tile at V2-Lite, kernels/06_hopper.md).
 __device__ __forceinline__ void copy_to_block(uint32_t local, uint32_t rank, uint32_t bytes, uint32_t bar) {
   uint32_t remote, remote_bar;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
@@ -172,7 +172,7 @@ __device__ __forceinline__ void pack_pairs(const Accumulator& acc, Pairs& pairs)
 // 256 bytes spread over the 4 threads of a quad, 4 bytes per (row, 8-column group); a 4 x 4
 // transpose inside the quad (two rounds of shuffles) gives each thread a whole group, so a warp's
 // store covers 64 contiguous bytes of 8 rows instead of 16 bytes of 8 rows (the measurement is in
-// kernels/NOTES.md). GEMM 2 stores its output tiles with it, and GEMM 1 its latent slices into
+// kernels/06_hopper.md). GEMM 2 stores its output tiles with it, and GEMM 1 its latent slices into
 // the exchange's scratch buffer.
 __device__ __forceinline__ void store_tile(const Pairs& pairs, __nv_bfloat16* __restrict__ out,
                                            int64_t first_token, int64_t tokens, int64_t columns,
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // refills it at once; with true, the next slot's wgmmas are issued before waiting for this
   // one's, so the tensor cores never drain between slots, and slots go back one behind. GEMM 1,
   // which both warpgroups run together and which waits on L2, is faster with the first; GEMM 2,
-  // one warpgroup at a time, with the second (A/B on the H200: kernels/NOTES.md).
+  // one warpgroup at a time, with the second (A/B on the H200: kernels/06_hopper.md).
   // Each slot's empty barrier expects 8 arrivals: one per consumer warp when both warpgroups read
   // the slot, two per warp when only this warpgroup does.
   auto run_slots = [&](const Ring& ring, int first, int slots, uint32_t arrivals_per_warp, auto one_in_flight,
@@ -512,7 +512,7 @@ bool takes_fast_path(const MlaProblem* p) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p->hidden) | reinterpret_cast<uintptr_t>(p->w_down) |
                         reinterpret_cast<uintptr_t>(p->w_up_k) | reinterpret_cast<uintptr_t>(p->w_up_v) |
                         reinterpret_cast<uintptr_t>(p->out)) % 16 == 0;
-  return p->dtype == MLA_BFLOAT16 && p->d_model % 8 == 0 && p->rank % 8 == 0 && p->rank <= kMaxRank &&
+  return mla::on_hopper() && p->dtype == MLA_BFLOAT16 && p->d_model % 8 == 0 && p->rank % 8 == 0 && p->rank <= kMaxRank &&
          p->heads * p->head_dim % 64 == 0 && aligned && mla::encode_function() != nullptr;
 }
 
@@ -545,7 +545,7 @@ struct Plan {
 // Cluster size and groups (clusters splitting a token tile's output tiles), the cheapest by waves
 // x one block's work, where a wave is as many clusters as the GPU holds at once (a cluster's
 // blocks share a GPC, so fewer clusters of 4 than SMs / 4 may fit) and work counts ring slots:
-// both GEMMs stream 32 KB per slot (GEMM 1 is bound by that stream, measured: kernels/NOTES.md).
+// both GEMMs stream 32 KB per slot (GEMM 1 is bound by that stream, measured: kernels/06_hopper.md).
 // Groups split GEMM 1 too, exchanging slices through global memory, when the whole grid is
 // resident at once (a block waits for the others' slices) and that saves GEMM 1 passes;
 // otherwise each group recomputes the latent. No block makes more than kHeldPasses passes (so at
@@ -590,8 +590,10 @@ extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {
   return plan_launch(p, launch_config(&cluster, nullptr), true).workspace_bytes();
 }
 
+extern "C" int mla_takes(const MlaProblem* p) { return takes_fast_path(p); }
+
 extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
-  if (!takes_fast_path(p)) return cudaErrorNotSupported;  // mla_lab/steps.py sends these to step 5
+  if (!takes_fast_path(p)) return cudaErrorNotSupported;  // the binding runs step 5 for these
   cudaError_t err = mla::allow_shared_memory(hopper_kernel, shared_bytes());
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute cluster;

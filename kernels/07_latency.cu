@@ -13,7 +13,7 @@
 //   once; elsewhere 7 slices of 8 are in flight.
 // - A thread owns two adjacent output columns of the pass and all 8 tokens, so each activation
 //   it loads feeds two multiply-adds (with one column per thread, GEMM 1 of the toy ran at 23 of
-//   an SM's 128 FMA per cycle: kernels/NOTES.md). 256 of the 512 threads compute: they split
+//   an SM's 128 FMA per cycle: kernels/07_latency.md). 256 of the 512 threads compute: they split
 //   the pass's depth into groups (8 groups of 32 column pairs for the toy's 48 latent columns)
 //   and add their partial sums in shared memory at the end of the pass; all 512 issue copies and
 //   add. Slices are padded with zeros to whole units of 4 rows and to an even column count, so
@@ -24,7 +24,7 @@
 //   a slice's alignment is tested once, not per row; and the slices' order is walked from one
 //   to the next, without divisions. (Before, ncu counted about 85 instructions per warp-wide
 //   cp.async, 43 % of all the kernel executed; removing them saved the toy 11-17 %.)
-// FFMA in both dtypes, like step 4. What limits it is measured in kernels/NOTES.md: instructions
+// FFMA in both dtypes, like step 4. What limits it is measured in kernels/07_latency.md: instructions
 // issued (a warp waits on the one before it more than on memory), not L2 bandwidth; and at the
 // toy, the launch of the grid itself.
 //

@@ -1,10 +1,10 @@
 // Step 8 — Hopper, for few tokens: the operands fetched by a few TMA bulk copies, both GEMMs on
 // mma.sync tensor cores.
 //
-// Step 7's toy blocks spend most of their time issuing instructions (kernels/NOTES.md): about
+// Step 7's toy blocks spend most of their time issuing instructions (kernels/08_bulk_mma.md): about
 // 3,800 cycles before thread 0 has issued its 16-byte copies, then GEMM 1 at 23-33 of an SM's 128
 // FFMA per cycle, with two warps per scheduler to hide each chain of dependent instructions. An
-// sm_90 experiment that split the reduction over a cluster (experiments/step8/cluster.cu) cut
+// sm_90 experiment that split the reduction over a cluster (commit 00a2b61) cut
 // the bytes fivefold and was no faster. What changed here:
 // - A block owns 16 tokens (one mma row tile) and a slice of [k | v]'s output columns; `splits`
 //   blocks share a token tile (each recomputes the tile's latent, as in step 5), the most that
@@ -24,9 +24,8 @@
 //   tolerance (worst relative error 5e-7 on the lab's shapes, against fp32's 1e-5).
 // It takes shapes whose operands fit kSharedBudget (the toy's widths; not V2-Lite's), with
 // d_model and rank multiples of 16, heads * head_dim a multiple of 8 and 16-byte aligned
-// tensors, on sm_90; the launcher refuses the others before it touches the GPU, and mla_lab runs
-// step 7 for them (`applies` in mla_lab/steps.py mirrors takes() and plan()). kTimeline and
-// kMostSplits are experiments/step8/bulk_lab.py's switches.
+// tensors, on sm_90; mla_takes() says which, and the launcher refuses the others before it
+// touches the GPU, so that the binding runs step 7 for them.
 
 #include <stdint.h>
 
@@ -39,13 +38,10 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTokens = 16;
 constexpr int kMaxSplits = 8;
-constexpr bool kMostSplits = false;        // the lab's: the most splits, in one wave or not
 constexpr int kDownChunkBytes = 4096;      // w_down's bulk copies, spread over the issuing threads
 constexpr int kIssuers = 128;              // threads that issue the bulk copies (one warp: 1 µs slower)
-constexpr bool kTimeline = false;          // the lab's timeline: clock64 marks instead of stores
-constexpr int kMarks = 12;
 constexpr int kHiddenPad = 16, kUpPad = 16;  // bytes added to each shared row of hidden and of the up slice
-constexpr int kSharedBudget = 227 * 1024;  // an sm_90 block's opt-in shared memory; also in mla_lab/steps.py
+constexpr int kSharedBudget = 227 * 1024;  // an sm_90 block's opt-in shared memory
 
 struct Geometry {
   int64_t tokens;
@@ -176,11 +172,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     bulk_mma_kernel(const T* __restrict__ hidden, const T* __restrict__ w_down, const T* __restrict__ w_up_k,
                     const T* __restrict__ w_up_v, T* __restrict__ out, Geometry g) {
   extern __shared__ __align__(128) uint8_t shared[];
-  __shared__ long long lab_marks[kMarks];
-  const long long lab_start = kTimeline ? clock64() : 0;
-  auto mark = [&](int i) {
-    if (kTimeline && threadIdx.x == 0) lab_marks[i] = clock64() - lab_start;
-  };
   T* const s_hidden = reinterpret_cast<T*>(shared + g.hidden_at);
   T* const s_down = reinterpret_cast<T*>(shared + g.down_at);
   T* const s_up = reinterpret_cast<T*>(shared + g.up_at);
@@ -204,7 +195,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     mla::barrier_expect_bytes(up_landed, uint32_t(g.rank) * up_row_bytes);
   }
   __syncthreads();
-  mark(0);
   // The copies: hidden rows, w_down's chunks, the up slice's rows; rows that are adjacent both in
   // shared and in global memory go as one copy.
   const bool hidden_whole = g.hidden_pitch == g.d_model;
@@ -226,16 +216,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 up_whole ? uint32_t(g.rank) * up_row_bytes : up_row_bytes, up_landed);
     }
   }
-  mark(1);
   // While the copies fly: zero the hidden rows past the last token (so that their results, never
   // stored, are finite).
   for (int i = rows * g.hidden_pitch + threadIdx.x; i < kTokens * g.hidden_pitch; i += kThreads) {
     s_hidden[i] = mla::from_float<T>(0.0f);
   }
   __syncthreads();
-  mark(2);
   mla::barrier_wait(operands_landed, 0);
-  mark(3);
 
   constexpr int kStep = sizeof(T) == 2 ? 16 : 8;  // mma's depth
   const int pairs = g.rank / 16, steps = g.d_model / kStep;
@@ -244,11 +231,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int pair = item % pairs, part = item / pairs;
     float c[2][4] = {};
     gemm1_part(s_hidden, s_down, g, pair, part * steps / g.depth_parts, (part + 1) * steps / g.depth_parts, c);
-    mark(4);
     store_accumulators(s_partials + part * slab, g.latent_pitch, pair * 16, c[0]);
     store_accumulators(s_partials + part * slab, g.latent_pitch, pair * 16 + 8, c[1]);
   }
-  mark(5);
   __syncthreads();
   const int quads = g.rank / 4;
   for (int i = threadIdx.x; i < kTokens * quads; i += kThreads) {
@@ -261,26 +246,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     *reinterpret_cast<float4*>(s_latent + at) = sum;
   }
   __syncthreads();
-  mark(6);
   mla::barrier_wait(up_landed, 0);
-  mark(7);
 
   const int gid = lane / 4, q = lane % 4;
   for (int n0 = warp * 8; n0 < g.slice; n0 += kWarps * 8) {
     float c[4] = {};
     gemm2_tile(s_latent, s_up, g, n0, c);
-    if (kTimeline) continue;
     T* const row = out + (token0 + gid) * 2 * g.width + column0 + n0 + 2 * q;
     if (gid < rows) store_pair(row, c[0], c[1]);
     if (gid + 8 < rows) store_pair(row + 8 * 2 * g.width, c[2], c[3]);
-  }
-  if (kTimeline) {
-    __syncthreads();
-    mark(8);
-    if (threadIdx.x == 0) {
-      long long* marks = reinterpret_cast<long long*>(out) + blockIdx.x * kMarks;
-      for (int i = 0; i < kMarks; ++i) marks[i] = i <= 8 ? lab_marks[i] : 1;
-    }
   }
 }
 
@@ -322,7 +296,7 @@ bool plan(const MlaProblem& p, int element_bytes, Geometry* out) {
   const int64_t tiles = mla::ceil_div(p.tokens, kTokens);
   int splits = 2;
   for (int s = 4; s <= kMaxSplits; s += 2) {
-    if ((2 * p.heads * p.head_dim) % (8 * s) == 0 && (tiles * s <= mla::multiprocessor_count() || kMostSplits)) {
+    if ((2 * p.heads * p.head_dim) % (8 * s) == 0 && tiles * s <= mla::multiprocessor_count()) {
       splits = s;
     }
   }
@@ -330,10 +304,14 @@ bool plan(const MlaProblem& p, int element_bytes, Geometry* out) {
   return true;
 }
 
+bool takes_with_plan(const MlaProblem& p, int element_bytes, Geometry* g) {
+  return mla::on_hopper() && takes(p) && plan(p, element_bytes, g);
+}
+
 template <typename T>
 cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   Geometry g;
-  if (!takes(p) || !plan(p, sizeof(T), &g)) return cudaErrorNotSupported;  // mla_lab runs step 7 for these
+  if (!takes_with_plan(p, sizeof(T), &g)) return cudaErrorNotSupported;  // the binding runs step 7 for these
   cudaError_t err = mla::allow_shared_memory(bulk_mma_kernel<T>, g.bytes);
   if (err != cudaSuccess) return err;
   const unsigned blocks = unsigned(mla::ceil_div(p.tokens, kTokens) * g.splits);
@@ -346,3 +324,8 @@ cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
 }  // namespace
 
 MLA_DEFINE_LAUNCHER(launch)
+
+extern "C" int mla_takes(const MlaProblem* p) {
+  Geometry g;
+  return takes_with_plan(*p, p->dtype == MLA_FLOAT32 ? 4 : 2, &g);
+}

@@ -9,7 +9,7 @@
 //   writes each weight transposed, and rounded to TF32, into the workspace: at V2-Lite 12 MB
 //   read and written once per call.
 // - A fused block keeps its latent tile on chip, and 128 tokens x 512 fp32 is 256 KB, more than
-//   an SM's 227 KB; 64-token blocks were measured 20 % slower on GEMM 2 (kernels/NOTES.md, "Step
+//   an SM's 227 KB; 64-token blocks were measured 20 % slower on GEMM 2 (kernels/09_tf32_wgmma.md, "Step
 //   9 experiment"). So the latent goes through global memory (8 MB at V2-Lite 4096 tokens, small
 //   enough to stay in the 50 MB L2), and each GEMM has 128-row tiles.
 // Both GEMMs are one kernel, C = A @ B^T with A (m x k) and B (n x k) row-major: TMA boxes 32 deep
@@ -18,7 +18,7 @@
 // on its way in (its tensor map says TFLOAT32: measured, that gives step 5's error, 4.7e-4 against
 // 7.2e-4 with the low bits dropped, at the same speed).
 //
-// MLA_THREE_PASSES (step 10, kernels/10_three_passes.cu): fp32's accuracy from the same tensor
+// MLA_THREE_PASSES (step 10 is this file built with it set): fp32's accuracy from the same tensor
 // cores. Every operand x is split into two TF32 values, hi = x rounded and lo = (x - hi) rounded,
 // and each product is taken as hi*hi + hi*lo + lo*hi (the lo*lo term is below fp32's rounding):
 // three times the tensor work. hidden is split by a kernel of its own (32 MB read, 64 MB written at
@@ -27,8 +27,8 @@
 // (Tile::kPromoteChunks), and GEMM 2 takes 128 x 128 tiles, whose accumulators leave room for that.
 //
 // Runs fp32 on an sm_90 GPU with d_model and rank multiples of 4 (TMA rows start 16-byte
-// aligned), hidden 16-byte and out 8-byte aligned (mla_lab/steps.py mirrors this); other inputs
-// run step 5 (step 10: step 4).
+// aligned), hidden 16-byte and out 8-byte aligned (mla_takes); the binding runs other inputs on
+// step 5 (step 10: step 4).
 #include <stdint.h>
 
 #include "mla_common.cuh"
@@ -47,7 +47,7 @@ constexpr int kSharedBudget = 227 * 1024;
 #endif
 constexpr bool kThreePasses = MLA_THREE_PASSES;
 constexpr int kParts = kThreePasses ? 2 : 1;
-// Lab switch: with three passes, how many chunks' sums the tensor cores carry before a consumer
+// With three passes, how many chunks' sums the tensor cores carry before a consumer
 // adds them into registers of its own (Tile::kPromoteChunks).
 constexpr int kPromoteEvery = 4;
 
@@ -61,7 +61,7 @@ struct Tile {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr bool kSplitRows = kBlockM == 128;
   static constexpr int kConsumerN = kSplitRows ? kBlockN : kBlockN / 2;
-  // The tensor cores round their running sums toward zero (NOTES, "Three TF32 passes"): a bias
+  // The tensor cores round their running sums toward zero (kernels/09_tf32_wgmma.md): a bias
   // that grows with K and, once three passes remove the operands' rounding, is what is left. So
   // with three passes the tensor cores sum runs of kPromoteChunks chunks, and each run is added
   // into a second set of accumulators with FADD, which rounds to nearest; only where that second
@@ -354,12 +354,14 @@ Workspace workspace_of(const MlaProblem* p) {
 }
 
 bool takes(const MlaProblem* p) {
-  return p->dtype == MLA_FLOAT32 && p->d_model % 4 == 0 && p->rank % 4 == 0 &&
+  return mla::on_hopper() && p->dtype == MLA_FLOAT32 && p->d_model % 4 == 0 && p->rank % 4 == 0 &&
          reinterpret_cast<uintptr_t>(p->hidden) % 16 == 0 && reinterpret_cast<uintptr_t>(p->out) % 8 == 0 &&
          mla::encode_function() != nullptr;
 }
 
 }  // namespace
+
+extern "C" int mla_takes(const MlaProblem* p) { return takes(p); }
 
 extern "C" size_t mla_workspace_bytes(const MlaProblem* p) { return takes(p) ? size_t(workspace_of(p).bytes) : 0; }
 
@@ -384,13 +386,9 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   const int64_t most_rows = p->d_model > p->rank ? p->d_model : p->rank;
   const int64_t most_columns = p->rank > width ? p->rank : width;
   const dim3 squares(unsigned(mla::ceil_div(most_columns, kSide)), unsigned(mla::ceil_div(most_rows, kSide)), 3);
-  // Lab switch (experiments/tf32/lab.py times each kernel alone): which of the three run.
-  constexpr bool kTransposes = true, kGemm1 = true, kGemm2 = true;
-  cudaError_t err = cudaSuccess;
-  if (kTransposes) {
-    transpose_kernel<<<squares, dim3(kSide, 8), 0, stream>>>(transposes);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  }
+  transpose_kernel<<<squares, dim3(kSide, 8), 0, stream>>>(transposes);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
   // With one pass hidden reaches the tensor cores as it is; with three, as its parts.
   Parts hidden_parts{hidden, nullptr};
   if (kParts == 2) {
@@ -403,12 +401,10 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   constexpr Store kLatentStore = kParts == 2 ? Store::kTf32Parts : Store::kTf32;
-  if (kGemm1 && (err = gemm<Gemm1Tile, kLatentStore>(hidden_parts, {down_t, down_t_lo}, latent, latent_lo,
-                                                     p->tokens, p->rank, p->d_model, stream)) != cudaSuccess) {
+  if ((err = gemm<Gemm1Tile, kLatentStore>(hidden_parts, {down_t, down_t_lo}, latent, latent_lo, p->tokens, p->rank,
+                                           p->d_model, stream)) != cudaSuccess) {
     return err;
   }
-  return kGemm2 ? gemm<Gemm2Tile, Store::kAsComputed>({latent, latent_lo}, {up_t, up_t_lo},
-                                                      static_cast<float*>(p->out), nullptr, p->tokens, 2 * width,
-                                                      p->rank, stream)
-                : cudaSuccess;
+  return gemm<Gemm2Tile, Store::kAsComputed>({latent, latent_lo}, {up_t, up_t_lo}, static_cast<float*>(p->out),
+                                             nullptr, p->tokens, 2 * width, p->rank, stream);
 }

@@ -175,6 +175,15 @@ __device__ __forceinline__ void copy_run_by_elements(T* to, Element element) {
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+// Whether the current GPU is an sm_90 (Hopper) one: the only GPUs the Hopper steps' code runs on.
+inline bool on_hopper() {
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+         minor == 0;
+}
+
 inline int multiprocessor_count() {
   int device = 0, count = 1;
   if (cudaGetDevice(&device) != cudaSuccess ||

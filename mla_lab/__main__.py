@@ -1,8 +1,9 @@
-"""python -m mla_lab doctor | check | grade | exercises | bench | results | kernelbench | notebooks"""
+"""python -m mla_lab doctor | check | grade | exercises | bench | results | sass | gpu-check | kernelbench | notebooks"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -81,14 +82,17 @@ def results(args: argparse.Namespace) -> int:
     from . import plots, sweep
 
     if args.fingerprint:
-        print(sweep.sources_fingerprint())
+        from . import fingerprint
+
+        print(json.dumps(fingerprint.current(), indent=1))
         return 0
     paths = [Path(p) for p in args.files] or sweep.committed_sweeps()
     if not paths:
         print("no results/*.json yet: run `python -m mla_lab bench` on a GPU first", file=sys.stderr)
         return 2
+    paths.sort(key=lambda path: sweep.Sweep.load(path).meta["date"], reverse=True)
     readme = sweep.README.read_text()
-    table = sweep.results_table(sweep.Sweep.load(paths[0]))
+    table = sweep.results_table(sweep.Sweep.load(paths[0]), with_staleness=True)
     updated = sweep.readme_with_table(readme, table)
     if args.check:
         if updated != readme:
@@ -104,6 +108,26 @@ def results(args: argparse.Namespace) -> int:
             figure.savefig(target, dpi=110)
             print(f"wrote {target}")
     return 0
+
+
+def sass(args: argparse.Namespace) -> int:
+    from . import sass as machine_code
+
+    rows = machine_code.compare(args.against)
+    for number, before, after in rows:
+        print(f"step {number:>2}: {before} -> {after}  {'identical' if before == after else 'CHANGED'}")
+    changed = [number for number, before, after in rows if before != after]
+    print(f"SASS identical to {args.against} for every step" if not changed else
+          f"SASS changed for step(s) {', '.join(map(str, changed))}: run `make gpu-check` on a GPU")
+    return 1 if changed else 0
+
+
+def gpu_check(args: argparse.Namespace) -> int:
+    from . import build
+    from .gpu_check import PARTS, run
+
+    build.require_gpu()
+    return run(args.parts or list(PARTS))
 
 
 def kernelbench(args: argparse.Namespace) -> int:
@@ -145,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=check_steps)
 
     p = sub.add_parser("grade", help="grade exercises")
-    p.add_argument("exercises", nargs="*", help="e.g. ex01")
+    p.add_argument("exercises", nargs="*", help="e.g. ex05 (the exercise of step 5)")
     p.add_argument("--all", action="store_true", help="every exercise")
     p.add_argument("--variant", choices=["exercise", "solution"], default=None)
     p.add_argument("--expect-stubs", action="store_true", help="succeed only if all are unfilled stubs")
@@ -170,8 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("results", help="README results table and plots from results/*.json (CPU)")
     p.add_argument("files", nargs="*", help="results JSON files (default: results/*.json; the first makes the README table)")
     p.add_argument("--check", action="store_true", help="only check that README.md's table matches the JSON")
-    p.add_argument("--fingerprint", action="store_true", help="print the fingerprint of the sources here (compare with a JSON's meta.sources)")
+    p.add_argument("--fingerprint", action="store_true", help="print the digests of the code here (compare with a JSON's meta.fingerprint)")
     p.set_defaults(run=results)
+
+    p = sub.add_parser("sass", help="compare every step's machine code with another commit's (nvcc, cuobjdump; CPU)")
+    p.add_argument("--against", default="HEAD", help="the commit to compare with (default: HEAD)")
+    p.set_defaults(run=sass)
+
+    p = sub.add_parser("gpu-check", help="the whole GPU validation, ending with a table (GPU; see mla_lab/gpu_check.py)")
+    p.add_argument("parts", nargs="*", choices=["validate", "results"], help="default: both")
+    p.set_defaults(run=gpu_check)
 
     p = sub.add_parser("kernelbench", help="evaluate a KernelBench-style ModelNew file against Model (GPU)")
     p.add_argument("file", help="a .py file defining ModelNew (e.g. kernels/kernelbench_mla.py)")
@@ -185,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "grade" and not (args.all or args.exercises):
-        parser.error("grade needs exercise names (ex01 ...) or --all")
+        parser.error("grade needs exercise ids (ex01, ex05, ...) or --all")
     from .build import SetupProblem
 
     try:

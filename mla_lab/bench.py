@@ -25,9 +25,9 @@ from .problem import Inputs, Shape, make_inputs, oracle, reference
 
 MODES = ("graph", "stream")
 SAMPLE_US = 500.0  # one timed sample makes enough calls to last about this long (at most 64):
-# a graph replay costs 5-10 µs more than its calls (measured on the H200, stop 24), 1-2 % of that
+# a graph replay costs 5-10 µs more than its calls (measured on the H200), 1-2 % of that
 # Timed one after the other in one process, the contender timed first ran up to 9 % faster than
-# the same kernel timed later (kernels/NOTES.md, stop 19). So samples are taken in rounds, each
+# the same kernel timed later (measured on the H200). So samples are taken in rounds, each
 # visiting every contender, the order rotated from round to round: a drift of the GPU's clocks
 # during the run falls on all contenders alike.
 ROUNDS = 10
@@ -35,7 +35,7 @@ ROUNDS = 10
 # the H200's 1.98 GHz): the start event is taken when the GPU reaches it, with the graph already
 # submitted behind it. Sampled from an idle GPU, the events also counted the graph's submission
 # or the GPU's wake-up (not told apart): on the H200 a graph of empty kernels read 2.5 µs per call
-# where they run in 0.55, and eager's toy 27.8 µs where it runs in 20.6 (kernels/NOTES.md, stop 24).
+# where they run in 0.55, and eager's toy 27.8 µs where it runs in 20.6.
 BUSY_CYCLES = 200_000
 
 
@@ -159,23 +159,31 @@ def time_fn(
     return time_many({name: fn}, mode, flops, budget_s)[0]
 
 
-def peers(inputs: Inputs, heads: int) -> dict[str, Callable[[], object]]:
-    """The eager reference and the cuBLAS concatenated-weights projection, ready to time."""
+PEERS = ("eager", "cuBLAS concat", "cuBLAS concat TF32", "torch.compile")
+NOTEBOOK_PEERS = ("eager", "cuBLAS concat")
+
+
+def peer_calls(inputs: Inputs, heads: int, out: torch.Tensor, compiled: Callable | None = None) -> dict[str, Callable]:
+    """The peers, ready to time on these inputs: the eager reference, cuBLAS through the
+    concatenated weights of notebook 02 (writing into `out`; with TF32 allowed too, for fp32),
+    and, given the compiled reference, torch.compile."""
     w_cat = layout.concat_weights(inputs.w_up_k, inputs.w_up_v)
-    shape_out = (*inputs.hidden.shape[:2], 2, heads, inputs.w_up_k.shape[1] // heads)
-    out = torch.empty(shape_out, dtype=inputs.hidden.dtype, device=inputs.hidden.device)
-    return {
-        "eager": lambda: reference(*inputs, heads),
-        "cuBLAS concat": lambda: layout.concat_projection(
-            inputs.hidden, inputs.w_down, w_cat, heads, out
-        ),
-    }
+
+    def cublas(tf32: bool) -> Callable[[], torch.Tensor]:
+        return lambda: layout.concat_projection(inputs.hidden, inputs.w_down, w_cat, heads, out, allow_tf32=tf32)
+
+    calls = {"eager": lambda: reference(*inputs, heads), "cuBLAS concat": cublas(False)}
+    if inputs.hidden.dtype == torch.float32:
+        calls["cuBLAS concat TF32"] = cublas(True)
+    if compiled is not None:
+        calls["torch.compile"] = lambda: compiled(*inputs, heads)
+    return calls
 
 
 class CublasConcatTf32:
-    """The sweep's "cuBLAS concat TF32" peer as a contender for `compare`: two cuBLAS GEMMs with
-    TF32 allowed, through [w_up_k | w_up_v] concatenated once per pair of weights (outside the
-    timing, as `peers` does). Checked at TF32's tolerance, and handed a NaN-poisoned `out` as the
+    """The "cuBLAS concat TF32" peer as a kernel for `compare`: two cuBLAS GEMMs with TF32
+    allowed, through [w_up_k | w_up_v] concatenated once per pair of weights (outside the timing,
+    as `peer_calls` does). Checked at TF32's tolerance, and handed a NaN-poisoned `out` as the
     course's kernels are."""
 
     fp32_math = "tf32"
@@ -186,12 +194,147 @@ class CublasConcatTf32:
 
     def __call__(self, hidden, w_down, w_up_k, w_up_v, heads, out):
         # Held by identity, not by address: the last pair stays alive, so a new pair never takes its
-        # addresses and hits a stale concatenation (keyed by data_ptr, it did: stop 30's lab).
+        # addresses and hits a stale concatenation (keyed by data_ptr, it served a stale one).
         versions = (w_up_k._version, w_up_v._version)
         fresh = bool(self._last) and self._last[0] is w_up_k and self._last[1] is w_up_v and self._last[2] == versions
         if not fresh:
             self._last = (w_up_k, w_up_v, versions, layout.concat_weights(w_up_k, w_up_v))
         return layout.concat_projection(hidden, w_down, self._last[3], heads, out, allow_tf32=True)
+
+
+@dataclass
+class Result:
+    name: str  # "step 5 (tensor_cores)" or a peer
+    shape: str  # a name for the shape (a key of mla_lab.sweep.SHAPES, or its label)
+    tokens: int
+    dtype: str
+    mode: str
+    status: str  # "ok", "wrong", "skipped" or "failed"
+    note: str = ""
+    median_us: float | None = None
+    p10_us: float | None = None
+    p90_us: float | None = None
+    samples: int = 0
+    rel_error: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None  # minimum bytes (mla_lab.problem.Shape.min_bytes) per second
+    floor_us: float | None = None  # max(FLOPs / peak, min bytes / copy bandwidth)
+    of_floor: float | None = None  # floor_us / median_us: 1.0 is the roofline
+
+
+def input_sets(shape: Shape, dtype: torch.dtype, seed: int) -> list[Inputs]:
+    """Enough input sets that cycling through them evicts the previous call's data from L2."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20) or 50 * 2**20
+    count = max(1, min(4, math.ceil(3 * l2 / max(shape.min_bytes(dtype), 1))))
+    return [make_inputs(shape, dtype, "cuda", seed + i) for i in range(count)]
+
+
+def floor_us(shape: Shape, dtype: torch.dtype, ceilings: dict[str, float], tensor_passes: int) -> float:
+    """The roofline floor; fp32 inputs taken in `tensor_passes` TF32 passes do that many times the
+    tensor work at the TF32 rate (0: FFMA at the fp32 rate)."""
+    if dtype == torch.bfloat16:
+        compute = shape.flops() / (ceilings["bf16 matmul TFLOP/s"] * 1e12)
+    elif tensor_passes:
+        compute = tensor_passes * shape.flops() / (ceilings["tf32 matmul TFLOP/s"] * 1e12)
+    else:
+        compute = shape.flops() / (ceilings["fp32 matmul TFLOP/s"] * 1e12)
+    memory = shape.min_bytes(dtype) / (ceilings["copy TB/s"] * 1e12)
+    return max(compute, memory) * 1e6
+
+
+def _error_note(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+
+
+def measure(
+    kernels: dict[str, Callable],
+    shape: Shape,
+    dtype: torch.dtype,
+    peers: Iterable[str] = NOTEBOOK_PEERS,
+    modes: Iterable[str] = ("graph",),
+    seed: int = 0,
+    budget_s: float = 0.4,
+    rotate_inputs: bool = False,
+    ceilings: dict[str, float] | None = None,
+    compiled: Callable | None = None,
+    shape_name: str = "",
+) -> list[Result]:
+    """Check, then time, kernels and peers on the same inputs: the one routine behind the
+    notebooks' `compare` and the sweep.
+
+    Each contender's output is written into a NaN-poisoned tensor (where it takes `out=`) and
+    checked against float64; a contender that raises is "failed", a wrong one "wrong"; the correct
+    ones are timed against each other in interleaved rounds in each mode, then checked again (an
+    output that changed while it was timed is wrong). With `rotate_inputs`, calls cycle through
+    enough input sets that the L2 cannot serve them; with `ceilings`, each result carries its
+    roofline floor.
+    """
+    dtype_name, shape_name = check.dtype_name(dtype), shape_name or shape.label()
+    modes = list(modes)
+    sets = input_sets(shape, dtype, seed) if rotate_inputs else [make_inputs(shape, dtype, "cuda", seed)]
+    expected = oracle(sets[0], shape.heads)
+    outs = [torch.full(shape.out_shape, float("nan"), dtype=dtype, device="cuda") for _ in sets]
+    contenders: dict[str, tuple[object, list[Callable[[], object]]]] = {}
+    for name, kernel in kernels.items():
+        if check.accepts_out(kernel):
+            calls = [lambda kernel=kernel, i=i, o=o: kernel(*i, shape.heads, out=o) for i, o in zip(sets, outs)]
+        else:
+            calls = [lambda kernel=kernel, i=i: kernel(*i, shape.heads) for i in sets]
+        contenders[name] = (kernel, calls)
+    peer_sets = [peer_calls(i, shape.heads, o, compiled) for i, o in zip(sets, outs)]
+    for name in peers:
+        if name in peer_sets[0]:  # "cuBLAS concat TF32" exists for fp32 only, "torch.compile" once compiled
+            contenders[name] = (CublasConcatTf32() if name == "cuBLAS concat TF32" else None,
+                                [calls[name] for calls in peer_sets])
+
+    results: list[Result] = []
+
+    def record(name: str, status: str, note: str = "", mode: str | None = None, **values) -> None:
+        for m in [mode] if mode else modes:
+            results.append(Result(name, shape_name, shape.tokens, dtype_name, m, status, note, **values))
+
+    def verdict_of(name: str) -> check.Verdict:
+        kernel, calls = contenders[name]
+        got = calls[0]()
+        torch.cuda.synchronize()
+        return check.compare(got, expected, dtype, shape, check.tolerance(kernel, dtype))
+
+    correct: dict[str, check.Verdict] = {}
+    for name in contenders:
+        try:
+            verdict = verdict_of(name)
+        except Exception as error:  # a contender that cannot run here is recorded, not fatal
+            record(name, "failed", _error_note(error))
+            continue
+        if verdict.ok:
+            correct[name] = verdict
+        else:
+            record(name, "wrong", verdict.problem, rel_error=verdict.rel_error)
+    for mode in modes:
+        timers = {}
+        for name in correct:
+            try:
+                timers[name] = prepare(contenders[name][1], mode, budget_s=budget_s)
+            except Exception as error:
+                record(name, "failed", _error_note(error), mode)
+        for timing in sample(timers, mode, shape.flops()):
+            kernel = contenders[timing.name][0]
+            passes = getattr(getattr(kernel, "step", kernel), "fp32_tensor_passes", 0)
+            if timing.name == "cuBLAS concat TF32":
+                passes = 1
+            floor = floor_us(shape, dtype, ceilings, passes) if ceilings else None
+            record(timing.name, "ok", mode=mode, median_us=timing.median_us, p10_us=timing.low_us,
+                   p90_us=timing.high_us, samples=timing.samples, rel_error=correct[timing.name].rel_error,
+                   tflops=timing.tflops, gbps=shape.min_bytes(dtype) / (timing.median_us * 1e-6) / 1e9,
+                   floor_us=floor, of_floor=floor / timing.median_us if floor else None)
+        del timers
+    for name in correct:
+        after = verdict_of(name)
+        if not after.ok:
+            for r in results:
+                if r.name == name:
+                    r.status, r.note = "wrong", f"after timing: {after.problem}"
+    return results
 
 
 def compare(
@@ -201,33 +344,15 @@ def compare(
     mode: str = "graph",
     with_peers: bool = True,
     seed: int = 0,
-    unchecked: Iterable[str] = (),
 ) -> list[Timing]:
     """Time each kernel (called like the reference) and the peers on one set of inputs, against
-    each other in interleaved rounds (`sample`).
-
-    Each kernel's output on these inputs (written into a NaN-filled tensor where the kernel takes
-    `out=`) is checked against float64 first: a wrong kernel raises instead of producing a number.
-    Kernels named in `unchecked` are timed without the check: the labs' diagnostic copies that
-    leave work out and compute garbage on purpose.
-    """
-    inputs = make_inputs(shape, dtype, "cuda", seed)
-    expected = oracle(inputs, shape.heads) if set(kernels) - set(unchecked) else None
-    calls: dict[str, Callable[[], object]] = {}
-    for name, kernel in kernels.items():
-        if check.accepts_out(kernel):
-            out = torch.full(shape.out_shape, float("nan"), dtype=dtype, device="cuda")
-            calls[name] = lambda kernel=kernel, out=out: kernel(*inputs, shape.heads, out=out)
-        else:
-            calls[name] = lambda kernel=kernel: kernel(*inputs, shape.heads)
-        if name in unchecked:
-            continue
-        verdict = check.compare(calls[name](), expected, dtype, shape, check.tolerance(kernel, dtype))
-        if not verdict.ok:
-            raise AssertionError(f"{name} is wrong on {shape.label()}: {verdict.problem}")
-    if with_peers:
-        calls.update(peers(inputs, shape.heads))
-    return time_many(calls, mode, shape.flops())
+    each other in interleaved rounds, after checking each against float64 (`measure`): a wrong
+    or failing kernel raises instead of producing a number."""
+    results = measure(kernels, shape, dtype, NOTEBOOK_PEERS if with_peers else (), (mode,), seed)
+    for r in results:
+        if r.status != "ok":
+            raise AssertionError(f"{r.name} is {r.status} on {shape.label()}: {r.note}")
+    return [Timing(r.name, mode, r.median_us, r.p10_us, r.p90_us, r.samples, shape.flops()) for r in results]
 
 
 def table(timings: list[Timing], baseline: str = "eager") -> str:

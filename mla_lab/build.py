@@ -121,13 +121,14 @@ def binding():
     return torch.ops.mla_lab.project
 
 
-def build_step(source: Path, name: str, arch_flags: tuple[str, ...] = ()) -> Path:
+def build_step(source: Path, name: str, arch_flags: tuple[str, ...] = (), defines: tuple[str, ...] = ()) -> Path:
     """Compile one step's .cu into its own library and return the library's path.
 
     arch_flags: nvcc's -gencode flags for a step that needs particular GPUs (step 6: sm_90a);
-    without them, the GPU in use or, with none, DEFAULT_ARCHS.
+    without them, the GPU in use or, with none, DEFAULT_ARCHS. defines: NAME=VALUE for -D.
     """
-    return Path(_load(name, source, extra_cuda_cflags=[*STEP_CUDA_FLAGS, *arch_flags]))
+    flags = [*STEP_CUDA_FLAGS, *arch_flags, *(f"-D{d}" for d in defines)]
+    return Path(_load(name, source, extra_cuda_cflags=flags))
 
 
 def _cuda_home() -> str | None:

@@ -60,7 +60,7 @@ def toward_zero(x: torch.Tensor) -> torch.Tensor:
 def three_tf32_passes_on_tensor_cores(a: torch.Tensor, b: torch.Tensor, run_chunks: int) -> torch.Tensor:
     """three_tf32_passes(a, b) summed as steps 9 and 10 (kernels/09_tf32_wgmma.cu) sum it on the
     tensor cores: per 8-deep wgmma, lo*hi, hi*lo and hi*hi each added exactly into an fp32
-    accumulator that rounds toward zero (what the H200 was measured to do, kernels/NOTES.md); with
+    accumulator that rounds toward zero (what the H200 was measured to do, kernels/09_tf32_wgmma.md); with
     run_chunks > 0 the accumulator starts afresh every run_chunks 32-deep chunks, and each run is
     added into an fp32 total that rounds to nearest (step 10's FADDs)."""
     (a_hi, a_lo), (b_hi, b_lo) = (tuple(x.double() for x in tf32_parts(t)) for t in (a, b))

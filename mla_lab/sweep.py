@@ -11,9 +11,7 @@ made from that file and nothing else, so they cannot drift from the data.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
-import math
 import re
 import subprocess
 import sys
@@ -23,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from . import bench, check, layout, steps
-from .problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, oracle, reference
+from . import bench, fingerprint, steps
+from .problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, reference
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "results"
@@ -39,7 +37,7 @@ SHAPES: dict[str, Shape] = {
     "v3@16384": V3.with_tokens(1, 16384),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-PEERS = ("eager", "cuBLAS concat", "cuBLAS concat TF32", "torch.compile")
+PEERS = bench.PEERS
 
 # Steps 1, 2 and 7 do work that grows with tokens x weights; past these estimates a call takes so
 # long that timing it would eat the sweep. Seconds per call from the multiply-adds a step does and
@@ -53,24 +51,7 @@ SLOW_STEP_SECONDS = {
 MAX_CALL_SECONDS = 0.02
 
 
-@dataclass
-class Result:
-    name: str  # "step 5 (tensor_cores)" or a peer
-    shape: str  # a key of SHAPES
-    tokens: int
-    dtype: str
-    mode: str
-    status: str  # "ok", "wrong", "skipped" or "failed"
-    note: str = ""
-    median_us: float | None = None
-    p10_us: float | None = None
-    p90_us: float | None = None
-    samples: int = 0
-    rel_error: float | None = None
-    tflops: float | None = None
-    gbps: float | None = None  # minimum bytes (mla_lab.problem.Shape.min_bytes) per second
-    floor_us: float | None = None  # max(FLOPs / peak, min bytes / copy bandwidth)
-    of_floor: float | None = None  # floor_us / median_us: 1.0 is the roofline
+Result = bench.Result
 
 
 @dataclass
@@ -114,21 +95,9 @@ def git_commit() -> str:
         return "unknown"
 
 
-SOURCE_FOLDERS = ("kernels", "solutions", "mla_lab")
-
-
 def sources_fingerprint() -> str:
-    """A hash of every kernel and support source as it is on disk: the code that was measured.
-
-    Recompute it in a checkout (`python -m mla_lab results --fingerprint`) to see whether the
-    committed results were measured on exactly that code.
-    """
-    digest = hashlib.sha256()
-    for folder in SOURCE_FOLDERS:
-        for path in sorted((REPO / folder).rglob("*")):
-            if path.suffix in (".cu", ".cuh", ".h", ".cpp", ".py") and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
+    """One digest of the code that the numbers depend on (mla_lab.fingerprint), as this checkout has it."""
+    return fingerprint.short(fingerprint.current())
 
 
 def device_meta(command: str, ceilings: dict[str, float]) -> dict:
@@ -145,6 +114,7 @@ def device_meta(command: str, ceilings: dict[str, float]) -> dict:
         "command": command,
         "git_commit": git_commit(),
         "sources": sources_fingerprint(),
+        "fingerprint": fingerprint.current(),
         "ceilings": ceilings,
     }
 
@@ -152,53 +122,6 @@ def device_meta(command: str, ceilings: dict[str, float]) -> dict:
 def device_slug(name: str) -> str:
     """'NVIDIA H200' -> 'h200': the results file name."""
     return re.sub(r"[^a-z0-9]+", "_", name.lower().removeprefix("nvidia").strip()).strip("_") or "gpu"
-
-
-def _peer_calls(inputs, heads: int, out: torch.Tensor, dtype: torch.dtype, compiled) -> dict[str, Callable]:
-    w_cat = layout.concat_weights(inputs.w_up_k, inputs.w_up_v)
-
-    def cublas(tf32: bool) -> Callable[[], torch.Tensor]:
-        return lambda: layout.concat_projection(inputs.hidden, inputs.w_down, w_cat, heads, out, allow_tf32=tf32)
-
-    calls = {
-        "eager": lambda: reference(*inputs, heads),
-        "cuBLAS concat": cublas(False),
-        "torch.compile": lambda: compiled(*inputs, heads),
-    }
-    if dtype == torch.float32:
-        calls["cuBLAS concat TF32"] = cublas(True)
-    return calls
-
-
-def _input_sets(shape: Shape, dtype: torch.dtype, seed: int) -> list:
-    """Enough input sets that cycling through them evicts the previous call's data from L2."""
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20) or 50 * 2**20
-    working = shape.min_bytes(dtype)
-    count = max(1, min(4, math.ceil(3 * l2 / max(working, 1))))
-    return [make_inputs(shape, dtype, "cuda", seed + i) for i in range(count)]
-
-
-def _tolerance(name: str, kernel: object, dtype: torch.dtype) -> float:
-    if name == "cuBLAS concat TF32":
-        return check.TF32_TOLERANCE
-    return check.tolerance(kernel, dtype)
-
-
-def _error_note(error: Exception) -> str:
-    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
-
-
-def _floor_us(shape: Shape, dtype: torch.dtype, ceilings: dict[str, float], tensor_passes: int) -> float:
-    """The roofline floor; fp32 inputs taken in `tensor_passes` TF32 passes do that many times the
-    tensor work at the TF32 rate (0: FFMA at the fp32 rate)."""
-    if dtype == torch.bfloat16:
-        compute = shape.flops() / (ceilings["bf16 matmul TFLOP/s"] * 1e12)
-    elif tensor_passes:
-        compute = tensor_passes * shape.flops() / (ceilings["tf32 matmul TFLOP/s"] * 1e12)
-    else:
-        compute = shape.flops() / (ceilings["fp32 matmul TFLOP/s"] * 1e12)
-    memory = shape.min_bytes(dtype) / (ceilings["copy TB/s"] * 1e12)
-    return max(compute, memory) * 1e6
 
 
 def run(
@@ -238,79 +161,27 @@ def run(
 
 def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, peers, modes,
                    compiled, ceilings, budget_s, seed) -> list[Result]:
-    sets = _input_sets(shape, dtype, seed)
-    expected = oracle(sets[0], shape.heads)
-    outs = [torch.empty(shape.out_shape, dtype=dtype, device="cuda") for _ in sets]
-    contenders: dict[str, tuple[object, list[Callable]]] = {}
-    results: list[Result] = []
-
-    def record(name: str, status: str, note: str = "", **values) -> None:
-        for mode in modes:
-            results.append(Result(name, shape_name, shape.tokens, dtype_name, mode, status, note, **values))
-
+    """One sweep point: the steps that take it (the others recorded as skipped, with why), then
+    `bench.measure` with every peer, the inputs rotated past the L2, and roofline floors."""
+    skipped: list[Result] = []
+    contenders = {}
+    probe = make_inputs(shape, dtype, "cuda", seed)
     for step in chosen_steps:
         kernel = kernels[step.label]
         estimate = SLOW_STEP_SECONDS.get(step.number, lambda s, dtype: 0.0)(shape, dtype_name)
         if estimate > MAX_CALL_SECONDS:
-            record(step.label, "skipped", f"about {estimate * 1e3:.0f} ms per call; not timed")
+            why = f"about {estimate * 1e3:.0f} ms per call; not timed"
+        elif step.max_rank is not None and shape.rank > step.max_rank:
+            why = f"rank {shape.rank} is past the step's limit"
+        elif not kernel.takes_fast_path(*probe):
+            why = f"runs step {step.fallback}'s kernel here; its own takes {step.fast_path}"
+        else:
+            contenders[step.label] = kernel
             continue
-        if step.max_rank is not None and shape.rank > step.max_rank:
-            record(step.label, "skipped", f"rank {shape.rank} is past the step's limit")
-            continue
-        if not kernel.takes_fast_path(*sets[0], out=outs[0]):
-            record(step.label, "skipped", f"runs step {step.fallback}'s kernel here; its own takes {step.fast_path}")
-            continue
-        contenders[step.label] = (kernel, [
-            (lambda i=i, o=o, kernel=kernel: kernel(*i, shape.heads, out=o)) for i, o in zip(sets, outs)
-        ])
-    peer_sets = [_peer_calls(i, shape.heads, o, dtype, compiled) for i, o in zip(sets, outs)]
-    for name in peers:
-        if name in peer_sets[0]:  # "cuBLAS concat TF32" exists for fp32 only
-            contenders[name] = (None, [calls[name] for calls in peer_sets])
-
-    floors: dict[str, tuple[float, float | None]] = {}  # name -> (floor_us, rel_error)
-    for name, (kernel, calls) in contenders.items():
-        try:
-            got = calls[0]()
-            torch.cuda.synchronize()
-        except Exception as error:  # a peer or step that cannot run here is recorded, not fatal
-            record(name, "failed", _error_note(error))
-            continue
-        verdict = check.compare(got, expected, dtype, shape, _tolerance(name, kernel, dtype))
-        del got
-        if not verdict.ok:
-            record(name, "wrong", verdict.problem, rel_error=verdict.rel_error)
-            continue
-        passes = 1 if name == "cuBLAS concat TF32" else getattr(getattr(kernel, "step", None), "fp32_tensor_passes", 0)
-        floors[name] = (_floor_us(shape, dtype, ceilings, passes), verdict.rel_error)
-    for mode in modes:  # the correct contenders, timed against each other in interleaved rounds
-        timers = {}
-        for name in floors:
-            try:
-                timers[name] = bench.prepare(contenders[name][1], mode, budget_s=budget_s)
-            except Exception as error:
-                results.append(Result(name, shape_name, shape.tokens, dtype_name, mode, "failed", _error_note(error)))
-        for t in bench.sample(timers, mode, shape.flops()):
-            floor, rel_error = floors[t.name]
-            results.append(Result(
-                t.name, shape_name, shape.tokens, dtype_name, mode, "ok",
-                median_us=t.median_us, p10_us=t.low_us, p90_us=t.high_us, samples=t.samples,
-                rel_error=rel_error, tflops=t.tflops,
-                gbps=shape.min_bytes(dtype) / (t.median_us * 1e-6) / 1e9,
-                floor_us=floor, of_floor=floor / t.median_us,
-            ))
-        del timers
-        torch.cuda.empty_cache()
-    # Checked again after timing: a kernel whose output changed while it was timed is wrong.
-    for name, (kernel, calls) in contenders.items():
-        if kernel is None or not any(r.name == name and r.status == "ok" for r in results):
-            continue
-        verdict = check.compare(calls[0](), expected, dtype, shape, _tolerance(name, kernel, dtype))
-        if not verdict.ok:
-            for r in results:
-                if r.name == name:
-                    r.status, r.note = "wrong", f"after timing: {verdict.problem}"
-    return results
+        skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
+    del probe
+    return skipped + bench.measure(contenders, shape, dtype, peers, modes, seed, budget_s, rotate_inputs=True,
+                                   ceilings=ceilings, compiled=compiled, shape_name=shape_name)
 
 
 # ---- the README table, from the JSON ------------------------------------------------------
@@ -348,13 +219,15 @@ def best_step(sweep: Sweep, shape: str, dtype: str, mode: str, fp32_math: str | 
     return min(candidates, key=lambda r: r.median_us, default=None)
 
 
-def results_table(sweep: Sweep, mode: str = "graph") -> str:
+def results_table(sweep: Sweep, mode: str = "graph", with_staleness: bool = False) -> str:
+    """The README's table; `with_staleness` adds a line naming the rows that changed code made stale."""
     meta = sweep.meta
     lines = [
         f"Measured on {meta['device']} (sm_{meta['compute_capability'].replace('.', '')}, driver "
         f"{meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}) on {meta['date'][:10]}, "
         f"sources {meta['sources']}, by `{meta['command']}`; {mode} mode, median µs.",
         "",
+        *(stale_note(sweep) if with_staleness else []),
         "| shape | dtype | best step | µs | eager µs | cuBLAS concat µs | torch.compile µs | vs eager | vs cuBLAS | of roofline floor |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -384,6 +257,17 @@ def results_table(sweep: Sweep, mode: str = "graph") -> str:
     lines.append(f"cuBLAS concat in the TF32 row is cuBLAS with TF32 allowed. Every number is in "
                  f"[{sweep_path_for(meta).relative_to(REPO)}]({sweep_path_for(meta).relative_to(REPO)}).")
     return "\n".join(lines)
+
+
+def stale_note(sweep: Sweep) -> list[str]:
+    """A line naming what changed since the sweep, with a blank line after it; none when nothing did."""
+    changed = fingerprint.stale_steps(sweep.meta.get("fingerprint"))
+    if changed == []:
+        return []
+    what = ("The measuring code changed since this sweep: every number waits for" if changed is None else
+            f"Step{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))} changed since this sweep: "
+            f"{'their rows wait' if len(changed) > 1 else 'its rows wait'} for")
+    return [f"**Stale.** {what} `make gpu-check` on a GPU.", ""]
 
 
 @dataclass

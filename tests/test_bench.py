@@ -74,7 +74,7 @@ def test_graph_samples_start_behind_a_busy_gpu_and_stream_samples_do_not(monkeyp
 
 def test_the_tf32_cublas_contender_concatenates_again_for_new_or_changed_weights():
     # It keeps its concatenation of [w_up_k | w_up_v] between calls. Keyed by address, it once
-    # served a freed pair's concatenation to a new pair at the same addresses (stop 30's lab).
+    # served a freed pair's concatenation to a new pair at the same addresses.
     shape = Shape(1, 3, 16, 8, 2, 4)
     contender = bench.CublasConcatTf32()
     for seed in range(3):

@@ -5,8 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import experiment_scripts
-from mla_lab import check
+from mla_lab import check, rounding
 from mla_lab.problem import Shape, oracle, reference
 
 SHAPE = Shape(2, 5, 33, 7, 3, 5)
@@ -158,21 +157,19 @@ def test_the_tf32_tolerance_still_rejects_a_kernel_that_drops_one_term_of_a_long
 
 
 def test_the_tf32_rounding_emulation_reproduces_the_sweeps_tf32_error():
-    """experiments/tf32/rounding.py, which predicts the TF32 experiment's error (kernels/NOTES.md),
-    gives step 5's rounding the error the sweep measured for step 5 and cuBLAS TF32 at V2-Lite
-    (4.1e-4 at every token count), and orders the three roundings as their bias says."""
-    rounding = experiment_scripts.load("tf32/rounding.py")
+    """mla_lab/rounding.py, which predicts the TF32 steps' error, gives step 5's rounding the error
+    the sweep measured for step 5 and cuBLAS TF32 at V2-Lite (4.1e-4 at every token count), and
+    orders the three roundings as their bias says."""
     errors = [rounding.error(32, 0, *case) for case in rounding.CASES.values()]
     assert 3.5e-4 < errors[0] < 4.8e-4
     assert errors[0] < errors[1] < errors[2]
 
 
 def test_three_tf32_passes_are_as_accurate_as_fp32_in_the_emulation():
-    """The three-pass form of the TF32 experiment is held to fp32's tolerance in its lab; the
-    emulation (experiments/tf32/rounding.py) says it can be: within 1.5x of plain fp32 matmuls'
-    error, hundreds of times under one TF32 pass's, and under the 1e-5 fp32 steps are held to.
-    Keeping only the hi*hi term must cost TF32's error, or the test could not tell."""
-    rounding = experiment_scripts.load("tf32/rounding.py")
+    """Step 10 is held to fp32's tolerance; the emulation (mla_lab/rounding.py) says it can be:
+    within 1.5x of plain fp32 matmuls' error, hundreds of times under one TF32 pass's, and under
+    the 1e-5 fp32 steps are held to. Keeping only the hi*hi term must cost TF32's error, or the
+    test could not tell."""
     three = rounding.product_error(32, 0, check.three_tf32_passes)
     fp32 = rounding.product_error(32, 0, torch.matmul)
     one = rounding.product_error(32, 0, lambda a, b: check.tf32_round(a) @ check.tf32_round(b))
@@ -186,7 +183,6 @@ def test_tensor_core_sums_toward_zero_explain_the_three_passes_miss_and_runs_fix
     (2.3e-5), and adding runs of 4 chunks into registers brings it under the tolerance, further
     with both GEMMs in runs. Rounding to nearest instead (three_passes) must stay far below, or
     toward_zero would not be what the test measures."""
-    rounding = experiment_scripts.load("tf32/rounding.py")
     tolerance = check.tolerance(None, torch.float32)
     unpromoted, gemm1_runs, both_runs = (rounding.kernel_error(8, 0, *runs) for runs in rounding.KERNEL_SUMS.values())
     assert 1.5e-5 < unpromoted < 3.5e-5

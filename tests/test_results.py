@@ -1,17 +1,17 @@
 """The committed benchmark results: complete, self-describing, and the README's table made from them."""
 
 import json
-import re
 
 import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from mla_lab import bench, notebooks, plots, steps, sweep
+from mla_lab import bench, fingerprint, notebooks, plots, steps, sweep
 
 SWEEPS = sweep.committed_sweeps()
 NOTEBOOKS = sorted(notebooks.NOTEBOOK_DIR.glob("*.ipynb"))
-META_FIELDS = {"device", "compute_capability", "driver", "torch", "cuda", "date", "command", "git_commit", "sources", "ceilings"}
+META_FIELDS = {"device", "compute_capability", "driver", "torch", "cuda", "date", "command", "git_commit", "sources",
+               "fingerprint", "ceilings"}
 
 
 def test_results_are_committed():
@@ -26,23 +26,23 @@ def test_a_sweep_says_where_and_how_it_was_measured(path):
     assert path == sweep.sweep_path_for(record.meta)
 
 
-def test_the_newest_sweep_measured_the_sources_as_they_are():
-    # Every number in the README, the plots and the notebooks comes from this file: a change to a
-    # kernel or to mla_lab lands with a new sweep (`make bench`, `make notebooks`), or not at all.
-    newest = max((sweep.Sweep.load(path) for path in SWEEPS), key=lambda record: record.meta["date"])
-    assert newest.meta["sources"] == sweep.sources_fingerprint(), (
-        f"results were measured on sources {newest.meta['sources']}, these are {sweep.sources_fingerprint()}: "
-        "run `make bench` and `make notebooks` on a GPU machine and commit results/ and notebooks/"
-    )
+NEWEST = max((sweep.Sweep.load(path) for path in SWEEPS), key=lambda record: record.meta["date"]) if SWEEPS else None
+
+
+def test_the_newest_sweep_records_what_its_numbers_depend_on():
+    recorded = NEWEST.meta["fingerprint"]
+    assert set(recorded) == {"measuring", "steps"}
+    assert set(recorded["steps"]) == {str(s.number) for s in steps.STEPS}
+    assert NEWEST.meta["sources"] == fingerprint.short(recorded)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_stored_notebook_outputs_come_from_these_cells_on_the_measured_sources(path):
-    rerun = "run `make notebooks` on a GPU machine and commit notebooks/"
+def test_stored_notebook_outputs_come_from_these_cells_in_the_run_that_made_the_results(path):
+    rerun = "run `make gpu-check` on a GPU machine and commit notebooks/ and results/"
     notebook = json.loads(path.read_text())
     ran_on = notebook["metadata"].get(notebooks.STAMP, {}).get("sources")
-    assert ran_on == sweep.sources_fingerprint(), (
-        f"{path.name} was executed on sources {ran_on}, these are {sweep.sources_fingerprint()}: {rerun}")
+    assert ran_on == NEWEST.meta["sources"], (
+        f"{path.name} was executed on sources {ran_on}, the results on {NEWEST.meta['sources']}: {rerun}")
     for index, cell in enumerate(notebook["cells"]):
         if cell["cell_type"] != "code" or not cell["outputs"]:
             continue
@@ -78,26 +78,34 @@ def test_a_sweep_covers_every_step_peer_shape_dtype_and_mode(path):
             assert r.status == "skipped" and r.note, r
 
 
-def test_the_readme_table_is_the_one_the_results_give():
-    record = sweep.Sweep.load(SWEEPS[0])
+def test_the_readme_table_is_the_one_the_newest_results_give():
     readme = sweep.README.read_text()
-    assert sweep.readme_with_table(readme, sweep.results_table(record)) == readme, (
+    assert sweep.readme_with_table(readme, sweep.results_table(NEWEST, with_staleness=True)) == readme, (
         "README.md's results table differs from results/*.json: run `python -m mla_lab results`"
     )
 
 
-def test_the_readme_says_it_validated_the_measured_sources():
-    # The prose under the table is written by hand after each GPU run; it once went on naming the
-    # sources of the sweep before (stop 27 found it). Its validation paragraph names the sources
-    # it ran on: they must be the table's.
-    record = sweep.Sweep.load(SWEEPS[0])
-    readme = sweep.README.read_text()
-    validated = re.search(r"Validated on .*? on the measured sources \(fingerprint\s+([0-9a-f]{12})\)", readme, re.S)
-    assert validated, "README.md has no paragraph saying which sources were validated on a GPU"
-    assert validated.group(1) == record.meta["sources"], (
-        f"README.md says it validated sources {validated.group(1)}, but its table measured "
-        f"{record.meta['sources']}: update the prose under the table from the new run"
-    )
+def test_the_table_names_the_steps_a_change_made_stale():
+    here = fingerprint.current()
+    record = sweep.Sweep({**NEWEST.meta, "fingerprint": here}, NEWEST.results)
+    assert "Stale" not in sweep.results_table(record, with_staleness=True)
+    changed = {"measuring": here["measuring"], "steps": {**here["steps"], "6": "0" * 12, "9": "1" * 12}}
+    stale = sweep.Sweep({**NEWEST.meta, "fingerprint": changed}, [])
+    assert "**Stale.** Steps 6, 9 changed since this sweep" in sweep.results_table(stale, with_staleness=True)
+    assert "Stale" not in sweep.results_table(stale)  # what the notebooks print
+    harness = {**here, "measuring": "2" * 12}
+    assert "every number waits" in sweep.results_table(sweep.Sweep({**NEWEST.meta, "fingerprint": harness}, []),
+                                                        with_staleness=True)
+
+
+def test_the_fingerprint_follows_the_code_not_its_comments_or_layout():
+    code = "int f(int x) {\n  return x + 1;  // one more\n}\n"
+    assert fingerprint.c_code(code) == fingerprint.c_code("/* doc */ int f(int x)\n{ return x + 1; }")
+    assert fingerprint.c_code(code) != fingerprint.c_code(code.replace("+ 1", "+ 2"))
+    assert fingerprint.c_code('s = "// not a comment";') == 's = "// not a comment";'
+    python = 'def f(x):\n    """Doc."""\n    return x + 1  # one more\n'
+    assert fingerprint.python_code(python) == fingerprint.python_code("def f(x):\n    return x + 1\n")
+    assert fingerprint.python_code(python) != fingerprint.python_code(python.replace("+ 1", "+ 2"))
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
@@ -133,7 +141,7 @@ def _point(name: str, us: float, dtype: str = "fp32", shape: str = "v2_lite@4096
 
 
 def test_the_ffma_target_is_judged_on_ffma_steps_only():
-    # Stop 29's sweep judged it on step 10, which takes fp32 in three TF32 passes on the tensor cores.
+    # Not on step 10, which takes fp32 in three TF32 passes on the tensor cores.
     record = sweep.Sweep({}, [_point("step 4 (vectorized)", 723.9), _point("step 10 (three_passes)", 270.3),
                               _point("cuBLAS concat", 547.4)])
     ffma = next(t for t in sweep.targets(record) if "FFMA" in t.goal)
@@ -153,6 +161,6 @@ def test_a_point_table_orders_steps_by_number():
 def test_a_three_pass_steps_floor_is_three_times_the_tensor_work_at_the_tf32_rate():
     shape = sweep.SHAPES["v2_lite@4096"]
     ceilings = {"bf16 matmul TFLOP/s": 680.0, "fp32 matmul TFLOP/s": 51.0, "tf32 matmul TFLOP/s": 350.0, "copy TB/s": 4.2}
-    ffma, one, three = (sweep._floor_us(shape, torch.float32, ceilings, passes) for passes in (0, 1, 3))
+    ffma, one, three = (bench.floor_us(shape, torch.float32, ceilings, passes) for passes in (0, 1, 3))
     assert three == pytest.approx(3 * one) and ffma > three
     assert three == pytest.approx(3 * shape.flops() / 350e12 * 1e6)

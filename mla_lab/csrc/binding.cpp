@@ -4,7 +4,9 @@
 // contiguity), allocates the stacked (B, S, 2, H, hd) output with `empty` (every element is the
 // kernel's to write), picks the inputs' GPU and torch's current stream (so CUDA-graph capture and
 // user streams work), calls the step's `mla_launch` and turns its error code into an exception.
-// Steps are plain CUDA libraries; mla_lab/build.py passes the address of their `mla_launch`.
+// A launcher that answers cudaErrorNotSupported (a fast path that does not take these inputs) is
+// followed by its fallback step's launcher. Steps are plain CUDA libraries; mla_lab/steps.py
+// passes the addresses of their entry points.
 // Compiled once per torch version: torch's headers dominate its build time, and no step needs them.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -52,7 +54,8 @@ void check_weight(const std::string& step, const char* name, const at::Tensor& t
               shape_of(t));
 }
 
-at::Tensor project(int64_t launcher_address, int64_t workspace_address, std::string step, const at::Tensor& hidden,
+at::Tensor project(int64_t launcher_address, int64_t workspace_address, int64_t fallback_launcher_address,
+                   int64_t fallback_workspace_address, std::string step, const at::Tensor& hidden,
                    const at::Tensor& w_down, const at::Tensor& w_up_k, const at::Tensor& w_up_v,
                    int64_t heads, const std::optional<at::Tensor>& out) {
   TORCH_CHECK(hidden.is_cuda(), step, ": hidden is on ", hidden.device(),
@@ -103,15 +106,21 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, std::str
                      w_up_v.data_ptr(), result.data_ptr(), batch * seq, d_model, rank,
                      heads, head_dim, dtype == at::kFloat ? MLA_FLOAT32 : MLA_BFLOAT16, nullptr};
   at::Tensor workspace;  // freed on return: the caching allocator keeps it for this stream's order
-  if (workspace_address != 0) {
-    const size_t bytes = reinterpret_cast<WorkspaceSize>(workspace_address)(&problem);
-    if (bytes > 0) {
-      workspace = at::empty({static_cast<int64_t>(bytes)}, hidden.options().dtype(at::kByte));
-      problem.workspace = workspace.data_ptr();
+  const auto launch = [&](int64_t launcher, int64_t workspace_function) {
+    problem.workspace = nullptr;
+    if (workspace_function != 0) {
+      const size_t bytes = reinterpret_cast<WorkspaceSize>(workspace_function)(&problem);
+      if (bytes > 0) {
+        workspace = at::empty({static_cast<int64_t>(bytes)}, hidden.options().dtype(at::kByte));
+        problem.workspace = workspace.data_ptr();
+      }
     }
+    return reinterpret_cast<Launcher>(launcher)(&problem, c10::cuda::getCurrentCUDAStream().stream());
+  };
+  cudaError_t err = launch(launcher_address, workspace_address);
+  if (err == cudaErrorNotSupported && fallback_launcher_address != launcher_address) {
+    err = launch(fallback_launcher_address, fallback_workspace_address);
   }
-  const auto launch = reinterpret_cast<Launcher>(launcher_address);
-  const cudaError_t err = launch(&problem, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, step, ": kernel launch failed: ", cudaGetErrorString(err));
   return result;
 }
@@ -122,7 +131,8 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, std::str
 // of the time torch/extension.h takes, which keeps a cold build of the course near 25 s.
 TORCH_LIBRARY(mla_lab, m) {
   m.def(
-      "project(int launcher_address, int workspace_address, str step, Tensor hidden, Tensor w_down, Tensor w_up_k, "
+      "project(int launcher_address, int workspace_address, int fallback_launcher_address, "
+      "int fallback_workspace_address, str step, Tensor hidden, Tensor w_down, Tensor w_up_k, "
       "Tensor w_up_v, int heads, Tensor? out=None) -> Tensor",
       &project);
 }

@@ -1,17 +1,15 @@
 """What TF32 rounding costs the projection, emulated on the CPU (no GPU needed): the relative
 Frobenius error against float64 when each operand reaches the tensor cores rounded to nearest
 TF32 (`cvt.rna`) or with its low 13 bits dropped, products summed exactly (float64), the latent
-stored as fp32 in between. kernels/NOTES.md ("Step 9 experiment") used it to predict the error of
-step 9 (kernels/09_tf32_wgmma.cu), which rounded the weights and the latent but, in its first
-form, not hidden; and of its three-pass form (step 10), where each operand is split into TF32 parts
-and each product is hi*hi + hi*lo + lo*hi (a product of two TF32 values is exact in fp32), summed
-in fp32 rounding to nearest, against plain fp32 matmuls. Last, the three passes as the tensor cores
-sum them: each 8-deep wgmma adds its exact partial sum into an fp32 accumulator rounding toward
-zero, which is what the first GPU run of the three passes showed (kernels/NOTES.md, "Three TF32
-passes"), with and without step 10's fix, runs of 4 chunks (128 deep) added into registers
-rounding to nearest.
+stored as fp32 in between. It predicts the error of step 9, which rounds the weights and the
+latent (and, through its tensor map, hidden); and of step 10, where each operand is split into TF32
+parts and each product is hi*hi + hi*lo + lo*hi (a product of two TF32 values is exact in fp32),
+summed in fp32 rounding to nearest, against plain fp32 matmuls. Last, the three passes as the
+tensor cores sum them: each 8-deep wgmma adds its exact partial sum into an fp32 accumulator
+rounding toward zero, as measured on an H200, with and without step 10's fix (runs of 4 chunks,
+128 deep, added into registers rounding to nearest).
 
-    python experiments/tf32/rounding.py [TOKENS]   # V2-Lite widths, 256 tokens by default
+    python -m mla_lab.rounding [TOKENS]   # V2-Lite widths, 256 tokens by default
 """
 import sys
 
@@ -59,7 +57,7 @@ def error(tokens: int, seed: int, hidden_as, weights_as, latent_as) -> float:
 # label -> how (hidden, the weights, the latent) reach the tensor cores
 CASES = {
     "every operand rounded (step 5)": (rounded, rounded, rounded),
-    "hidden truncated, the rest rounded (step 9's first form)": (truncated, rounded, rounded),
+    "hidden truncated, the rest rounded": (truncated, rounded, rounded),
     "every operand truncated": (truncated, truncated, truncated),
 }
 
@@ -76,7 +74,7 @@ def kernel_error(tokens: int, seed: int, promote_gemm1: int, promote_gemm2: int)
 # label -> (GEMM 1's, GEMM 2's) runs in chunks, 0 for none
 KERNEL_SUMS = {
     "three passes, tensor-core sums, no runs (unpromoted)": (0, 0),
-    "the same, GEMM 1 in runs of 4 chunks (gemm2_wide)": (4, 0),
+    "the same, GEMM 1 in runs of 4 chunks": (4, 0),
     "the same, both GEMMs in runs of 4 (step 10)": (4, 4),
 }
 

@@ -1,4 +1,4 @@
-// Exercise ex01: generated from solutions/ex01_naive.cu by `python -m mla_lab exercises`.
+// Exercise ex01: generated from solutions/01_naive.cu by `python -m mla_lab exercises`.
 // Fill in each TODO, then grade: python -m mla_lab grade ex01
 // Step 1 — naive: one thread per output element.
 //

@@ -15,7 +15,7 @@
 //   that are misaligned, cross the k|v boundary or hang over a tail go element by element
 //   (zeros past the edges), so every shape stays correct. Working each copy out afresh, as a
 //   first version did, cost as much as the arithmetic: ncu counted 120 M instructions at V2-Lite
-//   4096 bf16 against 57 M planned, and the step ran twice as long (kernels/NOTES.md).
+//   4096 bf16 against 57 M planned, and the step ran twice as long (kernels/05_tensor_cores.md).
 // - The latent tile is stored once in shared memory (bf16 for bf16 inputs, rounded as eager
 //   rounds its latent; fp32 for fp32) and GEMM 2 reads its A fragments straight from there.
 // - The epilogue stages each output tile in shared memory, then writes whole 16-byte runs of the

@@ -1,4 +1,4 @@
-// Exercise ex02: generated from solutions/ex02_shared_latent.cu by `python -m mla_lab exercises`.
+// Exercise ex02: generated from solutions/02_shared_latent.cu by `python -m mla_lab exercises`.
 // Fill in each TODO, then grade: python -m mla_lab grade ex02
 // Step 2 — shared latent: one block per token, the latent row in shared memory.
 //

@@ -1,4 +1,4 @@
-// Exercise ex03: generated from solutions/ex03_tiled.cu by `python -m mla_lab exercises`.
+// Exercise ex03: generated from solutions/03_tiled.cu by `python -m mla_lab exercises`.
 // Fill in each TODO, then grade: python -m mla_lab grade ex03
 // Step 3 — tiled: a block owns 32 tokens, and every weight it loads serves all 32 of them.
 //

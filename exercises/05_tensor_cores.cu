@@ -1,5 +1,5 @@
-// Exercise ex04: generated from solutions/ex04_tensor_cores.cu by `python -m mla_lab exercises`.
-// Fill in each TODO, then grade: python -m mla_lab grade ex04
+// Exercise ex05: generated from solutions/05_tensor_cores.cu by `python -m mla_lab exercises`.
+// Fill in each TODO, then grade: python -m mla_lab grade ex05
 // Step 5 — tensor cores: both GEMMs on mma.sync, the latent tile as the second GEMM's A operand.
 //
 // Step 4 does every multiply-add on the FP32 pipes (51 TFLOP/s measured on the H200 in notebook
@@ -17,7 +17,7 @@
 //   that are misaligned, cross the k|v boundary or hang over a tail go element by element
 //   (zeros past the edges), so every shape stays correct. Working each copy out afresh, as a
 //   first version did, cost as much as the arithmetic: ncu counted 120 M instructions at V2-Lite
-//   4096 bf16 against 57 M planned, and the step ran twice as long (kernels/NOTES.md).
+//   4096 bf16 against 57 M planned, and the step ran twice as long (kernels/05_tensor_cores.md).
 // - The latent tile is stored once in shared memory (bf16 for bf16 inputs, rounded as eager
 //   rounds its latent; fp32 for fp32) and GEMM 2 reads its A fragments straight from there.
 // - The epilogue stages each output tile in shared memory, then writes whole 16-byte runs of the
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(mla::Proble
     float acc[C::kTilesM][C::kTilesN][4] = {};
     accumulate_tile<C, true>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages, stages);
     T* out_tile = b_stages;  // kTokens x kStrideB; the B stages are free after the last slice
-    // TODO(ex04): write the stacked output tile: put each result pair (for_each_pair, store_pair) into out_tile, wait for the whole block, then copy out_tile to p.out row by row in 16-byte runs (C::kVector elements) where the run is inside the output and aligned, element by element where not; wait again before out_tile is reused
+    // TODO(ex05): write the stacked output tile: put each result pair (for_each_pair, store_pair) into out_tile, wait for the whole block, then copy out_tile to p.out row by row in 16-byte runs (C::kVector elements) where the run is inside the output and aligned, element by element where not; wait again before out_tile is reused
     MLA_NOT_IMPLEMENTED();
   }
 }

@@ -1,0 +1,74 @@
+"""The whole GPU validation in two parts, each sized for one sitting of under ten minutes on an H200,
+ending with a short table: what ran, whether it passed, how long it took, its last line.
+
+  validate  every step checked on the shape matrix, the GPU tests, the grader over every solution
+            (correct) and every stub (not implemented yet), compute-sanitizer's four tools
+  results   the benchmark sweep into results/<device>.json, the README table and plots, every
+            notebook executed in place, then nbval over the notebooks
+
+`make gpu-check` runs both; `make gpu-validate` and `make gpu-results` one each. Logs go to
+$MLA_LAB_LOGS (default build/gpu-check/), one file per stage.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .steps import REPO, STEPS
+
+PYTHON = sys.executable
+MLA = [PYTHON, "-m", "mla_lab"]
+SOLUTIONS = {"MLA_LAB_EXERCISE_SOURCE": "solution"}
+# compute-sanitizer slows a kernel by 10-1000x: small odd shapes, one trial, and a limit per tool.
+# racecheck and synccheck leave out step 6: on its TMA/mbarrier path they do not finish even one
+# block of the smallest shape; every other step takes all four tools.
+SANITIZER_SECONDS = 150
+ALL_STEPS = [str(s.number) for s in STEPS]
+NOT_STEP_6 = [n for n in ALL_STEPS if n != "6"]
+
+PARTS = {
+    "validate": [
+        ("doctor", MLA + ["doctor"], {}),
+        ("check every step", MLA + ["check"], {}),
+        ("GPU tests", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"], SOLUTIONS),
+        ("grade solutions", MLA + ["grade", "--all", "--variant", "solution"], {}),
+        ("grade stubs", MLA + ["grade", "--all", "--variant", "exercise", "--expect-stubs"], {}),
+        *((f"{tool}", ["timeout", str(SANITIZER_SECONDS), "compute-sanitizer", "--tool", tool, "--print-limit", "10",
+                       "--error-exitcode", "1", *MLA, "check", "--quick", *steps], {})
+          for tool, steps in (("memcheck", ALL_STEPS), ("initcheck", ALL_STEPS), ("racecheck", NOT_STEP_6),
+                              ("synccheck", NOT_STEP_6))),
+    ],
+    "results": [
+        ("bench", MLA + ["bench", "--command-line", "make gpu-results"], {}),
+        ("results", MLA + ["results"], {}),
+        ("notebooks", MLA + ["notebooks"], SOLUTIONS),
+        ("nbval", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
+                   "notebooks"], SOLUTIONS),
+    ],
+}
+
+
+def run(parts: list[str]) -> int:
+    logs = Path(os.environ.get("MLA_LAB_LOGS", REPO / "build" / "gpu-check"))
+    logs.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for part in parts:
+        for name, command, env in PARTS[part]:
+            start = time.perf_counter()
+            log = logs / f"{part}-{name.replace(' ', '_')}.log"
+            with open(log, "w") as out:
+                code = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **env}).returncode
+            seconds = time.perf_counter() - start
+            lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            status = "ok" if code == 0 else ("timed out" if code == 124 else f"FAILED ({code})")
+            rows.append((part, name, status, seconds, lines[-1][:90] if lines else ""))
+            print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {rows[-1][4]}", flush=True)
+    print(f"\n{'part':9} {'stage':17} {'status':11} {'time':>8}  last line of its log ({logs})")
+    for part, name, status, seconds, last in rows:
+        print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {last}")
+    return 0 if all(row[2] == "ok" for row in rows) else 1
