@@ -127,7 +127,7 @@ def gpu_check(args: argparse.Namespace) -> int:
     from .gpu_check import PARTS, run
 
     build.require_gpu()
-    return run(args.parts or list(PARTS))
+    return run(args.parts or list(PARTS), args.only)
 
 
 def kernelbench(args: argparse.Namespace) -> int:
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("gpu-check", help="the whole GPU validation, ending with a table (GPU; see mla_lab/gpu_check.py)")
     p.add_argument("parts", nargs="*", choices=["validate", "results"], help="default: both")
+    p.add_argument("--only", nargs="*", metavar="STAGE", help="only these stages (the names in the table)")
     p.set_defaults(run=gpu_check)
 
     p = sub.add_parser("kernelbench", help="evaluate a KernelBench-style ModelNew file against Model (GPU)")

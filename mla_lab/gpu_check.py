@@ -6,8 +6,9 @@ ending with a short table: what ran, whether it passed, how long it took, its la
   results   the benchmark sweep into results/<device>.json, the README table and plots, every
             notebook executed in place, then nbval over the notebooks
 
-`make gpu-check` runs both; `make gpu-validate` and `make gpu-results` one each. Logs go to
-$MLA_LAB_LOGS (default build/gpu-check/), one file per stage.
+`make gpu-check` runs both; `make gpu-validate` and `make gpu-results` one each, and
+`python -m mla_lab gpu-check --only STAGE ...` the stages named. Logs go to $MLA_LAB_LOGS
+(default build/gpu-check/), one file per stage.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ SANITIZER_SECONDS = 150
 ALL_STEPS = [str(s.number) for s in STEPS]
 NOT_STEP_6 = [n for n in ALL_STEPS if n != "6"]
 
+# The notebooks' kernels start in notebooks/: they find mla_lab through PYTHONPATH where it is not installed.
+IMPORTABLE = {"PYTHONUNBUFFERED": "1",
+              "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
 PARTS = {
     "validate": [
         ("doctor", MLA + ["doctor"], {}),
-        ("check every step", MLA + ["check"], {}),
-        ("GPU tests", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"], SOLUTIONS),
-        ("grade solutions", MLA + ["grade", "--all", "--variant", "solution"], {}),
-        ("grade stubs", MLA + ["grade", "--all", "--variant", "exercise", "--expect-stubs"], {}),
+        ("check", MLA + ["check"], {}),
+        ("gpu-tests", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"], SOLUTIONS),
+        ("grade-solutions", MLA + ["grade", "--all", "--variant", "solution"], {}),
+        ("grade-stubs", MLA + ["grade", "--all", "--variant", "exercise", "--expect-stubs"], {}),
         *((f"{tool}", ["timeout", str(SANITIZER_SECONDS), "compute-sanitizer", "--tool", tool, "--print-limit", "10",
                        "--error-exitcode", "1", *MLA, "check", "--quick", *steps], {})
           for tool, steps in (("memcheck", ALL_STEPS), ("initcheck", ALL_STEPS), ("racecheck", NOT_STEP_6),
@@ -52,17 +57,19 @@ PARTS = {
 }
 
 
-def run(parts: list[str]) -> int:
+def run(parts: list[str], only: list[str] | None = None) -> int:
     logs = Path(os.environ.get("MLA_LAB_LOGS", REPO / "build" / "gpu-check"))
     logs.mkdir(parents=True, exist_ok=True)
     rows = []
     for part in parts:
         for name, command, env in PARTS[part]:
+            if only and name not in only:
+                continue
             start = time.perf_counter()
-            log = logs / f"{part}-{name.replace(' ', '_')}.log"
+            log = logs / f"{part}-{name}.log"
             with open(log, "w") as out:
                 code = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **env}).returncode
+                                      env={**os.environ, **IMPORTABLE, **env}).returncode
             seconds = time.perf_counter() - start
             lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
             status = "ok" if code == 0 else ("timed out" if code == 124 else f"FAILED ({code})")

@@ -36,7 +36,7 @@ SHAPES: dict[str, Shape] = {
     "v3@4096": V3.with_tokens(1, 4096),
     "v3@16384": V3.with_tokens(1, 16384),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = bench.DTYPES
 PEERS = bench.PEERS
 
 # Steps 1, 2 and 7 do work that grows with tokens x weights; past these estimates a call takes so

@@ -261,6 +261,7 @@ def test_a_sweep_point_times_every_contender_it_checked():
     expected = {name: "ok" if kernel.takes_fast_path(*inputs) else "skipped" for name, kernel in kernels.items()}
     assert {name for name, status in expected.items() if status == "skipped"} <= {steps.get(n).label for n in (9, 10)}
     assert {r.name: r.status for r in results} == {**expected, **{name: "ok" for name in peers}}
+    assert {(r.shape, r.dtype, r.mode) for r in results} == {("toy", "bf16", "graph")}
     assert len({r.median_us for r in results if r.status == "ok"}) > 1
 
 
