@@ -1,37 +1,15 @@
 // Step 4 — vectorized and pipelined: 16-byte copies in flight while the FP32 pipes work.
 //
-// Step 3 loads a slice, waits for it, multiplies it, and only then loads the next: every slice
-// pays a full trip to L2 with nothing else in flight, and its loads are scalar. What changed,
-// each for a bottleneck notebook 05 measured on step 3:
-// - Slices 16 deep arrive by 16-byte cp.async (4 floats or 8 bf16) into a double buffer: while
-//   the block multiplies one slice, the next is on its way, and one barrier per slice suffices
-//   (16 deep rather than 8 halves the barriers and the per-slice work; a ring of 3 or 4 slices
-//   was no faster). A GPU with less shared memory gets slices 8 or 4 deep. A run that is
-//   misaligned (a view with a storage offset), crosses the k|v boundary or hangs over a tail is
-//   copied element by element instead (zeros past the edges), so every valid shape stays correct.
-// - A thread's runs are planned once per tile (where each starts, where it lands, whether it can
-//   go by cp.async), so a slice costs one instruction or two per copy. A first version worked
-//   each copy out afresh: ncu counted about 117 instructions per copy, and multiply-adds were
-//   48 % of all instructions (V2-Lite, 4096 tokens, fp32: 1.8 ms; planned: 67 % and 1.0 ms).
-// - Each thread computes 8 tokens x 4 adjacent columns (step 3: 4 x 4), and a warp 32 tokens x 32
-//   columns: its lanes are 4 token groups x 8 column groups, so one read of a slice gives a lane
-//   its 4 columns, or one token's 4 depths (2 in fp32: `kADepths`), and the warp's reads land in
-//   different banks. A depth of the slice costs 32 multiply-adds for 3 reads in bf16, 5 in fp32,
-//   each one shared-memory wavefront; step 3 paid 16 multiply-adds for 8 reads. (In an earlier form
-//   all lanes of a warp shared their tokens: the same 3 reads took 6 wavefronts, which would keep
-//   shared memory 75 % busy at the FP32 pipes' peak.) 16 warps, 4 per scheduler, hide one
-//   another's waits. Tiles are 32 tokens x 512 columns; a warp whose 32 columns lie past the
-//   matrix skips the arithmetic.
-// - The output is written 4 columns at a time, 8 lanes of a warp covering one contiguous 128-byte
-//   (fp32) run of a stacked output row.
-// - Step 3 launched tokens / 32 blocks: 12 for the toy on a 132-SM GPU. The output columns of a
-//   token tile are split over several blocks when that is faster, each recomputing the tile's
-//   latent (mla::choose_column_splits counts that cost). The toy has one tile of 512 columns,
-//   so 12 blocks still, and there this step is slower than its version with 128-column tiles
-//   and one slice at a time was (kernels/04_vectorized.md has the numbers).
-//
-// Launch limit: as step 3, rank <= 640 (the fp32 latent tile and two slices in shared memory; in
-// fp32 on an Ada GPU's 99 KB per block, two 4-deep ones at rank 640).
+// What changed from step 3, and why: step 3 loads a slice, waits, multiplies, then loads the next,
+// so every slice pays a full trip to L2 with nothing in flight, and its loads are scalar.
+// - Slices 16 deep arrive by 16-byte cp.async into a double buffer: one is multiplied while the
+//   next lands. Misaligned, straddling or tail runs are copied element by element, zero-filled.
+// - A thread's runs are planned once per tile, so a copy costs one or two instructions.
+// - A thread computes 8 tokens x 4 adjacent columns; a warp's lanes are 4 token groups x 8 column
+//   groups, so its shared-memory reads fall in different banks. 16 warps hide each other's waits.
+// - Output columns are split over blocks where that fills the GPU (mla::choose_column_splits).
+// Launch limit: rank <= 640 (the fp32 latent tile and two slices in Ada's 99 KB per block).
+// Measurements and the variants not kept: kernels/04_vectorized.md.
 #include <stdint.h>
 
 #include "mla_common.cuh"

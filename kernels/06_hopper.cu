@@ -1,37 +1,17 @@
 // Step 6 — Hopper: wgmma fed by TMA, and a cluster of blocks sharing one latent tile.
 //
-// Step 5 runs mma.sync, which Hopper keeps for compatibility: its warp-wide 16 x 8 products
-// leave the tensor cores waiting on registers and on the threads that load them. What changed:
-// - wgmma: a warpgroup (4 warps) multiplies a 64 x 128 tile per instruction, reading both
-//   operands straight from shared memory through 64-bit descriptors and accumulating
-//   asynchronously in registers.
-// - TMA: one thread issues a bulk copy of a whole 2-D box (zeros past the tensor's edges, so no
-//   tail code), in the 128-byte swizzled layout wgmma reads without bank conflicts, and the copy
-//   completes on an mbarrier. A producer warpgroup keeps a ring of kStages slots full while two
-//   consumer warpgroups compute: loads never wait for arithmetic, nor arithmetic for a
-//   barrier of the whole block. In GEMM 2 the two take alternate output tiles (ping-pong), so
-//   one writes its finished tile, 16 bytes per thread, while the other keeps the tensor cores busy.
-// - The parallelism problem without recomputation: a block owns 128 tokens, so V2-Lite's 4096
-//   tokens make only 32 token tiles for 132 SMs. Step 5 split the output columns and recomputed
-//   the latent in every split. Here a *cluster* of up to 4 blocks shares a token tile: each
-//   computes a quarter of the latent columns (GEMM 1 is split, not repeated) and copies it into
-//   the shared memory of every other block of the cluster (distributed shared memory, one bulk
-//   copy completing on the receiver's mbarrier), so each block holds the whole latent tile as
-//   GEMM 2's A operand and computes a quarter of the output columns. When that still leaves SMs
-//   idle (V2-Lite's 32 token tiles: an H200 holds only 30 clusters of 4), several clusters
-//   ("groups") share a token tile, each taking every groups-th output tile. If the whole grid is
-//   resident at once, the groups split GEMM 1 as well: each block also writes its latent slice to
-//   a scratch buffer in global memory and counts itself done (a release add); the producer waits
-//   until every block of the token tile has counted, then fetches the other clusters' slices
-//   with TMA. Otherwise each group recomputes the latent.
-// - Copies in flight: a ring's depth sets how long a block can wait on its copies (a ring of 2
-//   slots instead of 3 made V2-Lite 28-35 % slower), so GEMM 1's ring also runs through the
-//   latent tile, free until GEMM 1 is done (kGemm1Depth).
-//
-// Runs where TMA and wgmma apply: bf16, an sm_90 GPU, d_model and rank multiples of 8 (TMA
-// rows start 16-byte aligned), heads * head_dim a multiple of 64 (a 64-column box never
-// straddles k and v), rank <= 512 (the 128-token latent tile fills 128 KB of shared memory), and
-// 16-byte aligned tensors (mla_takes). The binding runs everything else on step 5.
+// What changed from step 5, and why: mma.sync's warp-wide 16 x 8 products leave Hopper's tensor
+// cores waiting on registers and on the threads that load them, and step 5 recomputes the latent
+// in every column split.
+// - wgmma: a warpgroup multiplies a 64 x 128 tile per instruction from shared memory.
+// - TMA: one thread copies a whole 128-byte-swizzled box, completing on an mbarrier; a producer
+//   warpgroup keeps a ring full while two consumer warpgroups compute (ping-pong in GEMM 2).
+// - A cluster of up to 4 blocks shares a 128-token tile: each computes part of the latent and
+//   copies it into the others' shared memory; groups of clusters split GEMM 1 through global
+//   memory when the whole grid is resident.
+// Runs bf16 on sm_90 with d_model, rank multiples of 8, heads * head_dim of 64, rank <= 512 and
+// 16-byte aligned tensors (mla_takes); the binding runs everything else on step 5.
+// Measurements and the variants not kept: kernels/06_hopper.md.
 #include <stdint.h>
 
 #include <type_traits>

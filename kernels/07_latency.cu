@@ -1,35 +1,15 @@
 // Step 7 — latency: for few tokens, small blocks with every weight slice in flight at once.
 //
-// The toy (384 tokens, 19 MFLOP) is no work for an H200, yet notebook 07 measured steps 2–6 at
-// roughly 10 to 50 µs there, no better than cuBLAS's two launches: their blocks wait more than
-// they compute. Step 3, for one, gives a block 32 tokens and loads one 16-deep slice at a time, so
-// each of its 12 blocks makes 22 dependent trips to L2. What changed:
-// - A block owns 8 tokens, so the toy has 48 token tiles; output columns are split over blocks
-//   where that is faster (each split recomputes its 8-token latent, as in step 4), chosen by a
-//   waves x work count like step 4's.
-// - Every slice of weights (and of hidden) a block needs goes through one cp.async ring that
-//   runs across both GEMMs. Where a block's whole share fits in shared memory (the toy: two
-//   slices, one per GEMM) all of it is requested before any arithmetic, so a block waits on L2
-//   once; elsewhere 7 slices of 8 are in flight.
-// - A thread owns two adjacent output columns of the pass and all 8 tokens, so each activation
-//   it loads feeds two multiply-adds (with one column per thread, GEMM 1 of the toy ran at 23 of
-//   an SM's 128 FMA per cycle: kernels/07_latency.md). 256 of the 512 threads compute: they split
-//   the pass's depth into groups (8 groups of 32 column pairs for the toy's 48 latent columns)
-//   and add their partial sums in shared memory at the end of the pass; all 512 issue copies and
-//   add. Slices are padded with zeros to whole units of 4 rows and to an even column count, so
-//   the inner loop has no bounds tests (a first version tested every row, and ncu counted about
-//   100 instructions per 32 multiply-adds in that loop).
-// - Copies take few instructions to issue. Pass widths are powers of two, so a thread finds its
-//   rows and its 16-byte column of a slice by shifts; it walks its rows by pointer increments;
-//   a slice's alignment is tested once, not per row; and the slices' order is walked from one
-//   to the next, without divisions. (Before, ncu counted about 85 instructions per warp-wide
-//   cp.async, 43 % of all the kernel executed; removing them saved the toy 11-17 %.)
-// FFMA in both dtypes, like step 4. What limits it is measured in kernels/07_latency.md: instructions
-// issued (a warp waits on the one before it more than on memory), not L2 bandwidth; and at the
-// toy, the launch of the grid itself.
-//
-// Launch limit: rank <= 512 (the fp32 latent of 8 tokens and the partial sums beside the 8-stage
-// ring must fit the 99 KB of shared memory per block that Ada offers).
+// What changed, and why: the toy (384 tokens, 19 MFLOP) is no work for a GPU, yet steps 2-6 take
+// 10-50 µs there: their blocks wait more than they compute (step 3 makes 22 dependent L2 trips).
+// - A block owns 8 tokens; output columns are split over blocks where that is faster.
+// - One cp.async ring runs across both GEMMs; where a block's whole share fits (the toy) all of
+//   it is requested before any arithmetic, so a block waits on L2 once.
+// - A thread owns two adjacent output columns, so each activation feeds two multiply-adds;
+//   slices are zero-padded to whole 4-row units, so the inner loop has no bounds tests.
+// - Copies are issued with shifts and pointer increments, no divisions.
+// FFMA in both dtypes. Launch limit: rank <= 512 (Ada's 99 KB per block).
+// Measurements and the variants not kept: kernels/07_latency.md.
 #include <stdint.h>
 
 #include <algorithm>

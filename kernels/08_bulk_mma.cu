@@ -1,31 +1,16 @@
 // Step 8 — Hopper, for few tokens: the operands fetched by a few TMA bulk copies, both GEMMs on
 // mma.sync tensor cores.
 //
-// Step 7's toy blocks spend most of their time issuing instructions (kernels/08_bulk_mma.md): about
-// 3,800 cycles before thread 0 has issued its 16-byte copies, then GEMM 1 at 23-33 of an SM's 128
-// FFMA per cycle, with two warps per scheduler to hide each chain of dependent instructions. An
-// sm_90 experiment that split the reduction over a cluster (commit 00a2b61) cut
-// the bytes fivefold and was no faster. What changed here:
-// - A block owns 16 tokens (one mma row tile) and a slice of [k | v]'s output columns; `splits`
-//   blocks share a token tile (each recomputes the tile's latent, as in step 5), the most that
-//   fit one wave: at the toy, 24 token tiles x 4 slices of 64 columns.
-// - The copies are TMA bulk copies (cp.async.bulk), one instruction per contiguous run: w_down
-//   in 4 KB chunks, each hidden row and each row of the up slice (rows padded by 16 bytes in
-//   shared memory, so that ldmatrix's 8 rows fall in different banks). They complete on two
-//   mbarriers, GEMM 1's operands and the up slice, which lands while GEMM 1 runs. A warp-wide
-//   bulk copy runs as a loop over its lanes, 60-70 cycles per copy, so 4 warps issue them
-//   (one warp: 1 µs slower at the toy).
-// - GEMM 1 (16 tokens x rank, depth d_model) is split over the warps by pairs of 8-column tiles
-//   and by parts of the depth; each part stores its fp32 tile and the parts are added after a
-//   barrier (shared-memory atomics, a compare-and-swap loop for fp32, took 1,750 cycles). GEMM 2
-//   gives each warp 8-column tiles of the slice, stored from the accumulators.
-// - bf16: m16n8k16 with ldmatrix, the latent rounded to bf16 as GEMM 2's A (as in step 5). fp32:
-//   m16n8k8 in three TF32 passes (a = a_hi + a_lo, dropping a_lo * b_lo), which keeps fp32's
-//   tolerance (worst relative error 5e-7 on the lab's shapes, against fp32's 1e-5).
-// It takes shapes whose operands fit kSharedBudget (the toy's widths; not V2-Lite's), with
-// d_model and rank multiples of 16, heads * head_dim a multiple of 8 and 16-byte aligned
-// tensors, on sm_90; mla_takes() says which, and the launcher refuses the others before it
-// touches the GPU, so that the binding runs step 7 for them.
+// What changed from step 7, and why: step 7's toy blocks spend most of their time issuing
+// instructions (copies, then a chain of dependent FFMAs with few warps to interleave).
+// - A block owns 16 tokens and a slice of [k | v]'s columns; the most splits that fit one wave.
+// - The copies are TMA bulk copies, one per contiguous run, completing on two mbarriers (GEMM 1's
+//   operands, then the up slice, which lands while GEMM 1 runs); 4 warps issue them.
+// - GEMM 1 is split over the warps by column pairs and depth parts, added after one barrier.
+// - bf16 on m16n8k16 with ldmatrix; fp32 in three TF32 passes, which keeps fp32's tolerance.
+// Runs shapes whose operands fit one block's shared memory (the toy's widths) on sm_90, with
+// d_model and rank multiples of 16, heads * head_dim of 8, 16-byte aligned tensors (mla_takes);
+// the binding runs the others on step 7. Measurements and variants: kernels/08_bulk_mma.md.
 
 #include <stdint.h>
 

@@ -1,34 +1,17 @@
 // Step 9 — Hopper, fp32 inputs: two TF32 wgmma GEMMs, the weights transposed first, the latent
-// through L2.
+// through L2. Built with MLA_THREE_PASSES=1 it is step 10.
 //
-// What changed from steps 5 and 6, and why. Step 5 runs fp32 inputs on mma.sync in TF32 at a
-// quarter of cuBLAS's speed (V2-Lite, 4096 tokens: 382 µs against 93), and step 6's wgmma takes
-// bf16 only. Two things stand between wgmma and fp32 inputs:
-// - wgmma reads TF32 operands from shared memory K-major only (the PTX ISA transposes 16-bit
-//   types alone), and the weights are stored with their N columns contiguous. So a first kernel
-//   writes each weight transposed, and rounded to TF32, into the workspace: at V2-Lite 12 MB
-//   read and written once per call.
-// - A fused block keeps its latent tile on chip, and 128 tokens x 512 fp32 is 256 KB, more than
-//   an SM's 227 KB; 64-token blocks were measured 20 % slower on GEMM 2 (kernels/09_tf32_wgmma.md, "Step
-//   9 experiment"). So the latent goes through global memory (8 MB at V2-Lite 4096 tokens, small
-//   enough to stay in the 50 MB L2), and each GEMM has 128-row tiles.
-// Both GEMMs are one kernel, C = A @ B^T with A (m x k) and B (n x k) row-major: TMA boxes 32 deep
-// (one 128-byte swizzled row of fp32) in a ring of stages, one producer thread, and two consumer
-// warpgroups of 64 rows each. GEMM 1 rounds the latent to TF32 as it stores it; TMA rounds hidden
-// on its way in (its tensor map says TFLOAT32: measured, that gives step 5's error, 4.7e-4 against
-// 7.2e-4 with the low bits dropped, at the same speed).
-//
-// MLA_THREE_PASSES (step 10 is this file built with it set): fp32's accuracy from the same tensor
-// cores. Every operand x is split into two TF32 values, hi = x rounded and lo = (x - hi) rounded,
-// and each product is taken as hi*hi + hi*lo + lo*hi (the lo*lo term is below fp32's rounding):
-// three times the tensor work. hidden is split by a kernel of its own (32 MB read, 64 MB written at
-// V2-Lite 4096 tokens), the weights as they are transposed, the latent as GEMM 1 stores it. The
-// tensor cores' running sums round toward zero, so runs of chunks are added into registers
-// (Tile::kPromoteChunks), and GEMM 2 takes 128 x 128 tiles, whose accumulators leave room for that.
-//
-// Runs fp32 on an sm_90 GPU with d_model and rank multiples of 4 (TMA rows start 16-byte
-// aligned), hidden 16-byte and out 8-byte aligned (mla_takes); the binding runs other inputs on
-// step 5 (step 10: step 4).
+// What changed from steps 5 and 6, and why: step 5 runs fp32 on mma.sync at a quarter of cuBLAS's
+// TF32 speed, and step 6's wgmma takes bf16 only.
+// - wgmma reads TF32 operands K-major only, so a first kernel writes the weights transposed and
+//   rounded to TF32 into the workspace; TMA rounds hidden on its way in.
+// - The fp32 latent tile (256 KB at 128 tokens) does not fit an SM, so it goes through L2.
+// - Both GEMMs are one kernel, C = A @ B^T: a TMA producer and two consumer warpgroups.
+// Step 10: every operand split into TF32 hi and lo, each product as hi*hi + hi*lo + lo*hi, for
+// fp32's accuracy; runs of chunks are added into registers, as the tensor cores round toward zero.
+// Runs fp32 on sm_90 with d_model and rank multiples of 4, hidden 16-byte and out 8-byte aligned
+// (mla_takes); the binding runs other inputs on step 5 (step 10: step 4).
+// Measurements and the variants not kept: kernels/09_tf32_wgmma.md.
 #include <stdint.h>
 
 #include "mla_common.cuh"

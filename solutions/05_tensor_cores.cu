@@ -1,35 +1,16 @@
 // Step 5 — tensor cores: both GEMMs on mma.sync, the latent tile as the second GEMM's A operand.
 //
-// Step 4 does every multiply-add on the FP32 pipes (51 TFLOP/s measured on the H200 in notebook
-// 01); its tensor cores did bf16 at 677 and TF32 (fp32 inputs rounded to a 10-bit mantissa) at
-// about 360. What changed:
-// - Each warp computes a 32 x 32 (or 16 x 16) block of results with mma.sync: m16n8k16 for bf16,
-//   m16n8k8 for TF32. Operands come from shared memory; bf16 ones through ldmatrix (.trans for B,
-//   whose rows are k). Rows are padded by 16 or 32 bytes so these reads hit 32 distinct banks.
-// - Slices 128 bytes deep arrive by cp.async into a ring of as many buffers as the GPU's shared
-//   memory holds beside the latent tile (2 to 8; at V2-Lite on an H200, 3 in bf16 and 2 in
-//   fp32): while the tensor cores work on one slice, the next ones are already in flight, and
-//   one barrier per slice suffices.
-// - A thread's copies are planned once per tile (`Runs`: where each 16-byte run starts and lands,
-//   whether it is aligned and inside the matrix), so a slice costs one cp.async per run. Runs
-//   that are misaligned, cross the k|v boundary or hang over a tail go element by element
-//   (zeros past the edges), so every shape stays correct. Working each copy out afresh, as a
-//   first version did, cost as much as the arithmetic: ncu counted 120 M instructions at V2-Lite
-//   4096 bf16 against 57 M planned, and the step ran twice as long (kernels/05_tensor_cores.md).
-// - The latent tile is stored once in shared memory (bf16 for bf16 inputs, rounded as eager
-//   rounds its latent; fp32 for fp32) and GEMM 2 reads its A fragments straight from there.
-// - The epilogue stages each output tile in shared memory, then writes whole 16-byte runs of the
-//   stacked (B, S, 2, H, hd) rows, a warp covering contiguous memory.
-// - Tiles: 64 tokens x 256 columns and 16 warps where that still gives every SM a block, else
-//   32 x 128 with 4 warps, else 16 x 64 (the toy: 96 blocks). The big tile uses each staged
-//   slice of weights 64 times and of the hidden tile 256 times, and gives each scheduler 4
-//   warps to hide the latency of ldmatrix and mma.sync. It leaves a V2-Lite batch of 4096
-//   tokens only 64 token tiles for 132 SMs, so the output columns are split over blocks
-//   (mla::choose_column_splits: each split recomputes GEMM 1, about 1/3 of the work there).
-//
-// fp32 inputs run in TF32 (unit roundoff 2^-11 instead of 2^-24): mla_lab.check holds this step
-// to 2e-3 on fp32 inputs instead of 1e-5. Launch limit: rank <= 512 (the latent tile and
-// two stages must fit the 99 KB per block that Ada offers; there, only with the small tile).
+// What changed from step 4, and why: step 4 does every multiply-add on the FP32 pipes, while the
+// tensor cores do bf16 about 13x and TF32 about 7x faster.
+// - Each warp computes its block of results with mma.sync (m16n8k16 bf16, m16n8k8 TF32); bf16
+//   operands come through ldmatrix, rows padded so the reads hit distinct banks.
+// - 128-byte-deep slices arrive by cp.async into a ring of as many buffers as fit beside the
+//   latent tile; each thread's copies are planned once per tile (`Runs`).
+// - The latent tile stays in shared memory (bf16, or fp32) and is GEMM 2's A operand.
+// - The epilogue stages each output tile in shared memory and writes whole 16-byte runs.
+// - Tiles of 64 x 256 (16 warps), 32 x 128 or 16 x 64, the largest that gives every SM a block.
+// fp32 inputs run in TF32: held to 2e-3 instead of 1e-5. Launch limit: rank <= 512 (Ada's 99 KB).
+// Measurements and the variants not kept: kernels/05_tensor_cores.md.
 #include <stdint.h>
 
 #include "mla_common.cuh"
