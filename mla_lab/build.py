@@ -141,6 +141,7 @@ def _ninja_in_python() -> bool:
 
 @functools.cache
 def _cpp_extension():
+    found = None
     if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
         found = _find_cuda_home()
         if found:
@@ -149,6 +150,9 @@ def _cpp_extension():
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     import torch.utils.cpp_extension
 
+    if found and torch.utils.cpp_extension.CUDA_HOME != found:
+        # imported earlier (by a test, say) with torch's own guess, which links against the wrong folder
+        torch.utils.cpp_extension.CUDA_HOME = found
     return torch.utils.cpp_extension
 
 
