@@ -27,7 +27,7 @@ SOLUTIONS = {"MLA_LAB_EXERCISE_SOURCE": "solution"}
 # compute-sanitizer slows a kernel by 10-1000x: small odd shapes, one trial, and a limit per tool.
 # racecheck and synccheck leave out step 6: on its TMA/mbarrier path they do not finish even one
 # block of the smallest shape; every other step takes all four tools.
-SANITIZER_SECONDS = 150
+SANITIZER_SECONDS = 120
 ALL_STEPS = [str(s.number) for s in STEPS]
 NOT_STEP_6 = [n for n in ALL_STEPS if n != "6"]
 
