@@ -102,7 +102,7 @@ def test_the_fingerprint_follows_the_code_not_its_comments_or_layout():
     code = "int f(int x) {\n  return x + 1;  // one more\n}\n"
     assert fingerprint.c_code(code) == fingerprint.c_code("/* doc */ int f(int x)\n{ return x + 1; }")
     assert fingerprint.c_code(code) != fingerprint.c_code(code.replace("+ 1", "+ 2"))
-    assert fingerprint.c_code('s = "// not a comment";') == 's = "// not a comment";'
+    assert '"// not a comment"' in fingerprint.c_code('s = "// not a comment";')
     python = 'def f(x):\n    """Doc."""\n    return x + 1  # one more\n'
     assert fingerprint.python_code(python) == fingerprint.python_code("def f(x):\n    return x + 1\n")
     assert fingerprint.python_code(python) != fingerprint.python_code(python.replace("+ 1", "+ 2"))
