@@ -8,8 +8,8 @@ PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
 setup: .venv/.installed
 
-lab: setup  # open the course
-	.venv/bin/jupyter lab notebooks/
+lab: setup  # open the course: JupyterLab at the repository root, on notebooks/ (--allow-root only for root, as in cloud containers)
+	.venv/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) notebooks/00_setup.ipynb $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup  # CPU tests, every .cu compiled with nvcc, nbval over the notebooks (GPU tests run if there is a GPU)
 	.venv/bin/python -m pytest
