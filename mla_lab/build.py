@@ -18,6 +18,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import torch
@@ -236,6 +238,63 @@ def _arch_list(archs: str):
             del os.environ["TORCH_CUDA_ARCH_LIST"]
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+# Architectures the grader compiles for where no GPU can run the kernel: Ampere and Hopper.
+REPORT_ARCHS = ("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90")
+_PTXAS_USAGE = re.compile(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?$", re.M)
+_PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def nvcc() -> str | None:
+    """The nvcc the course builds with: $CUDA_HOME/bin/nvcc, else the one on PATH."""
+    home = os.environ.get("CUDA_HOME") or _find_cuda_home()
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def nvcc_flags(arch_flags: tuple[str, ...] = REPORT_ARCHS, defines: tuple[str, ...] = ()) -> list[str]:
+    """nvcc's flags for a step as the course builds it (torch's extension defines included), with
+    -c and an output still to add."""
+    from torch.utils import cpp_extension  # its flags: no implicit half/bf16 conversions
+
+    torch_defines = [f for f in cpp_extension.COMMON_NVCC_FLAGS if f.startswith("-D")]
+    return [*STEP_CUDA_FLAGS, *arch_flags, *torch_defines, *(f"-D{d}" for d in defines), f"-I{INCLUDE_DIR}"]
+
+
+def compile_report(source: Path, arch_flags: tuple[str, ...] = (), defines: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """Compile one step's file with nvcc alone (no GPU, no torch build needed): (True, "compiles for
+    sm_80 and sm_90: N registers, 0 spills, S bytes shared") or (False, the compiler's errors)."""
+    compiler = nvcc()
+    if compiler is None:
+        return False, "nvcc was not found: install the CUDA toolkit or set CUDA_HOME to its folder"
+    archs = arch_flags or REPORT_ARCHS
+    with tempfile.TemporaryDirectory() as folder:
+        result = subprocess.run([compiler, "-c", *nvcc_flags(archs, defines), "-Xptxas", "-v", str(source),
+                                 "-o", str(Path(folder) / "step.o")], capture_output=True, text=True)
+    if result.returncode != 0:
+        return False, compiler_errors(result.stderr)
+    registers = [int(m[0]) for m in _PTXAS_USAGE.findall(result.stderr)]
+    shared = [int(m[1] or 0) for m in _PTXAS_USAGE.findall(result.stderr)]
+    spills = sum(int(a) + int(b) for a, b in _PTXAS_SPILLS.findall(result.stderr))
+    targets = " and ".join(sorted({f"sm_{m}" for m in re.findall(r"code=sm_(\w+)", " ".join(archs))}))
+    return True, (f"compiles for {targets}: {max(registers, default=0)} registers, {spills} bytes of spills, "
+                  f"{max(shared, default=0)} bytes of static shared memory")
+
+
+def compiler_errors(stderr: str) -> str:
+    """nvcc's error lines (file(line): error: ...) with the detail lines indented under each."""
+    kept, inside = [], False
+    for line in stderr.splitlines():
+        if re.search(r"\(\d+\): error", line) or line.startswith(("error", "nvcc fatal")):
+            inside = True
+            kept.append(line)
+        elif inside and line.startswith((" ", "\t")) and line.strip():
+            kept.append(line)
+        else:
+            inside = False
+    return "\n".join(kept) or stderr.strip()
 
 
 _NINJA_NOISE = re.compile(r"^(\[\d+/\d+\] |FAILED: |ninja: |Error building extension)")

@@ -67,7 +67,10 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
         )
     problem = build.run_problem()
     if problem:
-        return GradeResult(step.exercise, "no gpu", f"{name}: cannot grade here: {problem}")
+        compiled, report = build.compile_report(source, step.arch_flags, step.defines)
+        if not compiled:
+            return GradeResult(step.exercise, "build failed", f"{name}: did not compile:\n{report}")
+        return GradeResult(step.exercise, "no gpu", f"{name}: {report}; cannot run here ({problem})")
     try:
         kernel = steps.load(step, variant)
     except build.BuildError as error:

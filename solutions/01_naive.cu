@@ -18,7 +18,7 @@ __global__ void naive_kernel(const T* __restrict__ hidden, const T* __restrict__
   // A grid-stride loop: any output size works with any grid, and indices stay 64-bit.
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    // BEGIN SOLUTION: split idx into (token, kv, column), compute this token's latent row on the fly and dot it with column `column` of w_up_k (kv == 0) or w_up_v (kv == 1); store the result at out[idx]
+    // BEGIN SOLUTION: split idx into (token, kv, column), compute this token's latent row on the fly and dot it with column `column` of w_up_k (kv == 0) or w_up_v (kv == 1); store the result at out[idx], converted with mla::from_float<T> (out holds T, bf16 or fp32)
     const int64_t column = idx % width;
     const int64_t kv = (idx / width) % 2;
     const int64_t token = idx / (2 * width);

@@ -1,6 +1,7 @@
 """Exercises come from solutions. These tests judge the repository's exercises, not a learner's
 work: an exercise whose stubs a learner has filled in is read from git's HEAD instead."""
 
+import re
 import subprocess
 
 import pytest
@@ -79,3 +80,28 @@ def test_grading_a_stub_says_not_implemented_yet(exercise, capsys, tmp_path, mon
     assert result.status == "not implemented"
     printed = capsys.readouterr().out
     assert printed.count("\n") == 1 and "not implemented yet" in printed and "line" in printed
+
+
+def test_without_a_gpu_the_grader_still_compiles_and_names_the_compilers_errors(tmp_path, monkeypatch):
+    """A learner with nvcc and no GPU hears about their code: the compiler's own errors (file and
+    line), or that it compiles, with registers and spills."""
+    from mla_lab import build
+
+    monkeypatch.setattr(build, "run_problem", lambda: "no CUDA GPU is visible to torch")
+    monkeypatch.setattr(steps, "EXERCISES_DIR", tmp_path)
+    if build.nvcc() is None:
+        pytest.skip("nvcc not found")
+    solved = steps.get("ex01").source("solution").read_text()
+    (tmp_path / "01_naive.cu").write_text(solved)
+    result = grade("ex01", "exercise", quiet=True)
+    assert result.status == "no gpu", result.line
+    assert "compiles for sm_80 and sm_90" in result.line and "0 bytes of spills" in result.line
+    assert "cannot run here (no CUDA GPU is visible to torch)" in result.line
+    # the classic slip: a float stored into a bf16 output without mla::from_float<T>
+    broken = re.sub(r"out\[idx\] = [^;]+;", "out[idx] = 0.0f;", solved)
+    assert broken != solved
+    (tmp_path / "01_naive.cu").write_text(broken)
+    result = grade("ex01", "exercise", quiet=True)
+    assert result.status == "build failed"
+    assert re.search(r"01_naive\.cu\(\d+\): error: no operator \"=\"", result.line), result.line
+    assert "__nv_bfloat16 = float" in result.line
