@@ -112,6 +112,7 @@ STEPS = (
         4,
         "vectorized",
         "16-byte cp.async copies in flight while 8 x 4 results per thread are computed; output columns split over blocks",
+        is_exercise=True,
         max_rank=640,
         limit_reason="the fp32 latent tile of 32 tokens and two slices must fit the 99 KB of shared memory per block that Ada offers",
     ),

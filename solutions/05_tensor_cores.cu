@@ -31,9 +31,11 @@ struct TensorCore<__nv_bfloat16> {
 
   // A: the 16 x 16 tile at `tile`.
   __device__ static void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int stride) {
+    // BEGIN SOLUTION: one mla::ldmatrix_x4 loads the whole A fragment; each lane hands it the address of one 8-element row (16 bytes) of the 16 x 16 tile. The four 8 x 8 matrices it returns must come in mma's order a0..a3: rows 0-7 then 8-15 of columns 0-7, then the same rows of columns 8-15; lane i gives row i of those 32 (rows are `stride` elements apart)
     const int lane = threadIdx.x % 32;
     const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
     mla::ldmatrix_x4(a, row);
+    // END SOLUTION
   }
   // B: two 8-wide column tiles of the 16 x 16 tile at `tile` (rows are k, so transpose).
   __device__ static void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2],
@@ -216,6 +218,7 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
     drain = drain + 1 == stages ? 0 : drain + 1;
 #pragma unroll
     for (int ks = 0; ks < C::kSlice; ks += Core::kDepth) {
+      // BEGIN SOLUTION: one mma depth (Core::kDepth) of this warp's block of results, (16 * C::kTilesM) rows from warp_row x (8 * C::kTilesN) columns from warp_column: load each of its C::kTilesM A fragments (Core::load_a, rows 16 apart, depth ks.. of a_tile, a_stride apart) and its C::kTilesN B fragments two at a time (Core::load_b_pair, columns 8 apart, rows ks.. of b_tile, C::kStrideB apart), then Core::mma every A fragment with every B fragment into acc[tm][tn]. Load all fragments before the first mma, so the tensor cores get independent work back to back
       uint32_t a[C::kTilesM][4], b[C::kTilesN][2];
 #pragma unroll
       for (int tm = 0; tm < C::kTilesM; ++tm) {
@@ -231,6 +234,7 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
 #pragma unroll
         for (int tn = 0; tn < C::kTilesN; ++tn) Core::mma(acc[tm][tn], a[tm], b[tn]);
       }
+      // END SOLUTION
     }
   }
   __syncthreads();  // every warp is done with the buffers before the next tile refills them

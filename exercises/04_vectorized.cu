@@ -1,3 +1,5 @@
+// Exercise ex04: generated from solutions/04_vectorized.cu by `python -m mla_lab exercises`.
+// Fill in each TODO, then grade: python -m mla_lab grade ex04
 // Step 4 — vectorized and pipelined: 16-byte copies in flight while the FP32 pipes work.
 //
 // What changed from step 3, and why: step 3 loads a slice, waits, multiplies, then loads the next,
@@ -162,34 +164,20 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
         });
       }
     }
-#pragma unroll
-    for (int j = 0; j < kRunsB; ++j) {
-      if (whole && (b_direct >> j & 1)) {
-        mla::copy_async_16(b_to + offset + uint32_t(sizeof(T) * j * kRowsApart * kColumns),
-                           b_from + (k0 + j * kRowsApart) * weights.ld);
-      } else {
-        const int row = b_row + j * kRowsApart;
-        mla::copy_run_by_elements(stage + kBStart + row * kColumns + b_column, [&](int q) -> const T* {
-          return k0 + row < depth && first + q < columns ? weights.at(k0 + row, first + q) : nullptr;
-        });
-      }
-    }
+    // TODO(ex04): stage this thread's kRunsB runs of the weight slice: run j is row b_row + j * kRowsApart of the slice (weights row k0 + that row, columns first ..), landing kColumns elements per row further into the B part of the stage. A run that is whole and 16-byte aligned (`whole`, bit j of b_direct) goes by one mla::copy_async_16 to shared address b_to + offset + its row's byte offset; any other run goes element by element (mla::copy_run_by_elements into stage + kBStart + row * kColumns + b_column), nullptr past the matrix's edges so it is zero-filled
+    MLA_NOT_IMPLEMENTED();
   };
 
   // A double buffer, so "slice s has landed" is "all this thread's copies have": a wait whose
   // count is a constant, as the instruction needs. (A ring of 2 to 4 slices, its depth chosen at
-  // run time, waited through a jump table on that depth and was 3 % slower: kernels/04_vectorized.md.)
+  // run time, waited through a jump table on that depth and was 3 % slower.)
   static_assert(kBuffers == 2, "slice s + 1 goes to the other buffer, and slice s is all that is in flight");
   int current = 0;  // the buffer of slice s
-  if (slices > 0) stage_slice(0, current);
-  mla::commit_copies();
+  // TODO(ex04): before the loop, put slice 0's copies in flight into buffer `current` (if there is a slice) and close them as one group of copies
+  MLA_NOT_IMPLEMENTED();
   for (int s = 0; s < slices; ++s) {
-    mla::wait_for_copies(0);
-    // Slice s is in from every thread, and every warp is done with slice s - 1, whose buffer
-    // the next copies refill.
-    __syncthreads();
-    if (s + 1 < slices) stage_slice(s + 1, current ^ 1);
-    mla::commit_copies();
+    // TODO(ex04): keep one slice in flight while one is multiplied. Invariant at the top of iteration s: slice s's copies are the only group in flight, in buffer `current`. Wait until this thread's copies have landed, make every thread's visible (and every warp done with slice s - 1, whose buffer is refilled next), then start slice s + 1 into the other buffer and close its group
+    MLA_NOT_IMPLEMENTED();
     const T* a_stage = ring + current * kStageElements<T, kSliceDepth>;
     current ^= 1;
     if (!computes) continue;
