@@ -42,7 +42,7 @@ def grade(args: argparse.Namespace) -> int:
     names = [s.exercise for s in steps.exercises()] if args.all else args.exercises
     results = [grade_one(name, args.variant) for name in names]
     expected = "not implemented" if args.expect_stubs else "correct"
-    return 0 if all(r.status == expected for r in results) else 1
+    return 0 if all(r.status in (expected, "needs hopper") for r in results) else 1  # Hopper's own, elsewhere
 
 
 def exercises(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ TIMING_SHAPE = TOY
 @dataclass
 class GradeResult:
     exercise: str
-    status: str  # "correct", "wrong", "not implemented", "build failed", "no gpu"
+    status: str  # "correct", "wrong", "not implemented", "build failed", "no gpu", "needs hopper"
     line: str
     verdicts: list[check.Verdict] = field(default_factory=list)
     timings: list[bench.Timing] = field(default_factory=list)
@@ -71,6 +71,14 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
         if not compiled:
             return GradeResult(step.exercise, "build failed", f"{name}: did not compile:\n{report}")
         return GradeResult(step.exercise, "no gpu", f"{name}: {report}; cannot run here ({problem})")
+    if step.arch_flags and torch.cuda.get_device_capability() != (9, 0):
+        compiled, report = build.compile_report(source, step.arch_flags, step.defines)
+        if not compiled:
+            return GradeResult(step.exercise, "build failed", f"{name}: did not compile:\n{report}")
+        return GradeResult(step.exercise, "needs hopper",
+                           f"{name}: {report}; its kernel runs on sm_90 (Hopper) GPUs only, and on this "
+                           f"{torch.cuda.get_device_name()} step {step.fallback}'s kernel would run instead: "
+                           "nothing of yours to check or time here")
     try:
         kernel = steps.load(step, variant)
     except build.BuildError as error:

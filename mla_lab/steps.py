@@ -147,6 +147,7 @@ STEPS = (
         8,
         "bulk_mma",
         "for few tokens on Hopper: 16-token blocks fed by TMA bulk copies, both GEMMs on mma.sync (3xTF32 for fp32)",
+        is_exercise=True,
         max_rank=512,
         limit_reason="its fallback, step 7, takes rank <= 512",
         fp32_tensor_passes=3,

@@ -212,6 +212,8 @@ def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays
 @pytest.mark.parametrize("exercise", [s.exercise for s in steps.exercises()])
 def test_every_solution_grades_correct(exercise):
     result = grade(exercise, "solution")
+    if result.status == "needs hopper":
+        pytest.skip(result.line)
     assert result.passed, result.line
 
 

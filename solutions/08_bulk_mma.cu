@@ -173,11 +173,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t down_bytes = uint32_t(g.d_model) * uint32_t(g.rank) * sizeof(T);
   const uint32_t up_row_bytes = uint32_t(g.slice) * sizeof(T);
   if (threadIdx.x == 0) {
+    // BEGIN SOLUTION: one thread sets up the block's two mbarriers (shared addresses operands_landed and up_landed): each waits for one arrival (mla::barrier_init), the inits are fenced so the copy engine sees them (fence.mbarrier_init.release.cluster), and each is told how many bytes its copies will bring (mla::barrier_expect_bytes): GEMM 1's operands are the block's `rows` rows of hidden plus all of w_down; the up slice is `rank` rows of up_row_bytes. A barrier completes when its byte count reaches zero, so these counts must equal what the copies below deliver
     mla::barrier_init(operands_landed, 1);
     mla::barrier_init(up_landed, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     mla::barrier_expect_bytes(operands_landed, uint32_t(rows) * row_bytes + down_bytes);
     mla::barrier_expect_bytes(up_landed, uint32_t(g.rank) * up_row_bytes);
+    // END SOLUTION
   }
   __syncthreads();
   // The copies: hidden rows, w_down's chunks, the up slice's rows; rows that are adjacent both in
@@ -188,6 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int down_copies = int(mla::ceil_div(down_bytes, kDownChunkBytes));
   const int copies = hidden_copies + down_copies + (up_whole ? 1 : g.rank);
   for (int c = threadIdx.x; threadIdx.x < kIssuers && c < copies; c += kIssuers) {
+    // BEGIN SOLUTION: issue copy number c with bulk_copy(to, from, bytes, barrier). Copies 0 .. hidden_copies - 1 are hidden's rows (all of them in one copy when hidden_whole), to s_hidden at hidden_pitch elements a row, completing on operands_landed; the next down_copies are w_down in kDownChunkBytes chunks (the last one shorter), also on operands_landed; the rest are the up slice's rows from up_from (width elements apart in global memory, up_pitch in shared; one copy when up_whole), completing on up_landed
     if (c < hidden_copies) {
       bulk_copy(s_hidden + c * g.hidden_pitch, hidden + (token0 + c) * g.d_model,
                 hidden_whole ? uint32_t(rows) * row_bytes : row_bytes, operands_landed);
@@ -200,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bulk_copy(s_up + j * g.up_pitch, up_from + int64_t(j) * g.width,
                 up_whole ? uint32_t(g.rank) * up_row_bytes : up_row_bytes, up_landed);
     }
+    // END SOLUTION
   }
   // While the copies fly: zero the hidden rows past the last token (so that their results, never
   // stored, are finite).
@@ -207,7 +211,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     s_hidden[i] = mla::from_float<T>(0.0f);
   }
   __syncthreads();
+  // BEGIN SOLUTION: every thread waits until GEMM 1's operands have landed (phase 0 of operands_landed)
   mla::barrier_wait(operands_landed, 0);
+  // END SOLUTION
 
   constexpr int kStep = sizeof(T) == 2 ? 16 : 8;  // mma's depth
   const int pairs = g.rank / 16, steps = g.d_model / kStep;
@@ -231,7 +237,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     *reinterpret_cast<float4*>(s_latent + at) = sum;
   }
   __syncthreads();
+  // BEGIN SOLUTION: and, before GEMM 2, until the up slice has (phase 0 of up_landed); it flew while GEMM 1 ran
   mla::barrier_wait(up_landed, 0);
+  // END SOLUTION
 
   const int gid = lane / 4, q = lane % 4;
   for (int n0 = warp * 8; n0 < g.slice; n0 += kWarps * 8) {
