@@ -254,13 +254,14 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def nvcc_flags(arch_flags: tuple[str, ...] = REPORT_ARCHS, defines: tuple[str, ...] = ()) -> list[str]:
-    """nvcc's flags for a step as the course builds it (torch's extension defines included), with
-    -c and an output still to add."""
-    from torch.utils import cpp_extension  # its flags: no implicit half/bf16 conversions
+def torch_nvcc_defines() -> list[str]:
+    """The -D flags torch's extension builds add: no implicit half/bf16 conversions."""
+    return [f for f in _cpp_extension().COMMON_NVCC_FLAGS if f.startswith("-D")]
 
-    torch_defines = [f for f in cpp_extension.COMMON_NVCC_FLAGS if f.startswith("-D")]
-    return [*STEP_CUDA_FLAGS, *arch_flags, *torch_defines, *(f"-D{d}" for d in defines), f"-I{INCLUDE_DIR}"]
+
+def nvcc_flags(arch_flags: tuple[str, ...] = REPORT_ARCHS, defines: tuple[str, ...] = ()) -> list[str]:
+    """nvcc's flags for a step as the course builds it, with -c and an output still to add."""
+    return [*STEP_CUDA_FLAGS, *arch_flags, *torch_nvcc_defines(), *(f"-D{d}" for d in defines), f"-I{INCLUDE_DIR}"]
 
 
 def compile_report(source: Path, arch_flags: tuple[str, ...] = (), defines: tuple[str, ...] = ()) -> tuple[bool, str]:

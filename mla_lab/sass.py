@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import build
+
 REPO = Path(__file__).resolve().parent.parent
 
 # nvcc names an anonymous namespace after the file: _ZN<len>_GLOBAL__N__<hash>_<len>_<file>_cu_<hash>
@@ -38,29 +40,19 @@ print(json.dumps({s.number: {"source": str(s.source("solution")), "flags": [*bui
 DEFAULT_ARCH = "-gencode=arch=compute_90,code=sm_90"
 
 
-def tool(name: str) -> str:
-    """A CUDA tool from PATH, $CUDA_HOME/bin or (cuobjdump) the copy that torch's triton ships."""
-    found = shutil.which(name)
-    if found:
-        return found
-    home = os.environ.get("CUDA_HOME")
-    if home and (Path(home) / "bin" / name).exists():
-        return str(Path(home) / "bin" / name)
+def cuobjdump() -> str:
+    """cuobjdump from PATH, $CUDA_HOME/bin or the copy that torch's triton ships."""
+    candidates = [shutil.which("cuobjdump"), os.environ.get("CUDA_HOME") and Path(os.environ["CUDA_HOME"]) / "bin" / "cuobjdump"]
     try:
         import triton
 
-        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-        if bundled.exists():
-            return str(bundled)
+        candidates.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
     except ImportError:
         pass
-    raise FileNotFoundError(f"{name} not found: install the CUDA toolkit or put its bin/ on PATH")
-
-
-def torch_defines() -> list[str]:
-    from torch.utils import cpp_extension
-
-    return [f for f in cpp_extension.COMMON_NVCC_FLAGS if f.startswith("-D")]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    raise FileNotFoundError("cuobjdump not found: install the CUDA toolkit or put its bin/ on PATH")
 
 
 def step_sass(source: Path, include_dir: Path, flags: list[str], defines: list[str], workdir: Path) -> str:
@@ -69,9 +61,12 @@ def step_sass(source: Path, include_dir: Path, flags: list[str], defines: list[s
     archs = [f for f in flags if f.startswith("-gencode")] or [DEFAULT_ARCH]
     others = [f for f in flags if not f.startswith("-gencode")]
     obj = workdir / f"{source.stem}.{hashlib.sha1(' '.join(defines).encode()).hexdigest()[:6]}.o"
-    subprocess.run([tool("nvcc"), "-c", *others, *archs, *torch_defines(), *(f"-D{d}" for d in defines),
+    compiler = build.nvcc()
+    if compiler is None:
+        raise FileNotFoundError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+    subprocess.run([compiler, "-c", *others, *archs, *build.torch_nvcc_defines(), *(f"-D{d}" for d in defines),
                     f"-I{include_dir}", str(source), "-o", str(obj)], check=True, capture_output=True, text=True)
-    text = subprocess.run([tool("cuobjdump"), "-sass", str(obj)], check=True, capture_output=True, text=True).stdout
+    text = subprocess.run([cuobjdump(), "-sass", str(obj)], check=True, capture_output=True, text=True).stdout
     kept = [line for line in text.splitlines()
             if line.strip() and not line.startswith(("Fatbin", "code for", "identifier ="))]
     return _ADDRESSES.sub("", _PATH_DERIVED.sub("_ZN_ANONYMOUS_", "\n".join(kept)))
