@@ -55,6 +55,14 @@ def grade(
     return result
 
 
+def _compiled_only(step: steps.Step, source, name: str, status: str, why: str) -> GradeResult:
+    """Where the learner's kernel cannot run: what the compiler says of it, and why it cannot run."""
+    compiled, report = build.compile_report(source, step.arch_flags, step.defines)
+    if not compiled:
+        return GradeResult(step.exercise, "build failed", f"{name}: did not compile:\n{report}")
+    return GradeResult(step.exercise, status, f"{name}: {report}; {why}")
+
+
 def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeResult:
     stubs = exercises.stub_lines(source)
     if stubs:
@@ -67,18 +75,12 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
         )
     problem = build.run_problem()
     if problem:
-        compiled, report = build.compile_report(source, step.arch_flags, step.defines)
-        if not compiled:
-            return GradeResult(step.exercise, "build failed", f"{name}: did not compile:\n{report}")
-        return GradeResult(step.exercise, "no gpu", f"{name}: {report}; cannot run here ({problem})")
+        return _compiled_only(step, source, name, "no gpu", f"cannot run here ({problem})")
     if step.arch_flags and torch.cuda.get_device_capability() != (9, 0):
-        compiled, report = build.compile_report(source, step.arch_flags, step.defines)
-        if not compiled:
-            return GradeResult(step.exercise, "build failed", f"{name}: did not compile:\n{report}")
-        return GradeResult(step.exercise, "needs hopper",
-                           f"{name}: {report}; its kernel runs on sm_90 (Hopper) GPUs only, and on this "
-                           f"{torch.cuda.get_device_name()} step {step.fallback}'s kernel would run instead: "
-                           "nothing of yours to check or time here")
+        return _compiled_only(step, source, name, "needs hopper",
+                              f"its kernel runs on sm_90 (Hopper) GPUs only, and on this "
+                              f"{torch.cuda.get_device_name()} step {step.fallback}'s kernel would run instead: "
+                              "nothing of yours to check or time here")
     try:
         kernel = steps.load(step, variant)
     except build.BuildError as error:

@@ -6,19 +6,17 @@ missing the test fails rather than skips under CI=true: a compile check that nev
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from torch.utils import cpp_extension
 
-from mla_lab import steps
+from mla_lab import build, sass, steps
 from mla_lab.steps import EXERCISES_DIR, KERNELS_DIR, REPO, SOLUTIONS_DIR, STEPS
 
 SOURCES = sorted([*KERNELS_DIR.glob("*.cu"), *SOLUTIONS_DIR.glob("*.cu"), *EXERCISES_DIR.glob("*.cu")])
 # torch's extension builds add these (no implicit half/bf16 conversions); compile as they do.
-TORCH_NVCC_DEFINES = [f for f in cpp_extension.COMMON_NVCC_FLAGS if f.startswith("-D")]
+TORCH_NVCC_DEFINES = build.torch_nvcc_defines()
 ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]
 # A step built only for some GPUs (step 6: sm_90a) is compiled for exactly those.
 ARCHS_OF = {step.filename: list(step.arch_flags) for step in STEPS if step.arch_flags}
@@ -26,31 +24,27 @@ ARCHS_OF = {step.filename: list(step.arch_flags) for step in STEPS if step.arch_
 DEFINED = [step for step in STEPS if step.defines]
 
 
-def toolkit_program(name: str, purpose: str, *elsewhere: str) -> str:
-    """`name` from the CUDA toolkit (PATH, then $CUDA_HOME/bin) or one of `elsewhere`. Where there
-    is none, the test fails under CI=true (a check that never runs is none) and is skipped elsewhere."""
-    cuda_home = os.environ.get("CUDA_HOME")
-    candidates = [shutil.which(name), cuda_home and os.path.join(cuda_home, "bin", name), *elsewhere]
-    for path in candidates:
-        if path and os.path.exists(path):
-            return path
+def toolkit_program(find, name: str, purpose: str) -> str:
+    """A CUDA tool, found as the course finds it (`find`). Where there is none, the test fails under
+    CI=true (a check that never runs is none) and is skipped elsewhere."""
+    try:
+        found = find()
+    except FileNotFoundError:
+        found = None
+    if found:
+        return found
     if os.environ.get("CI"):
         pytest.fail(f"{name} is not on PATH in CI, so CI cannot {purpose}: every check here must run in CI")
     pytest.skip(f"{name} not found: install the CUDA toolkit to {purpose}")
 
 
 def nvcc() -> str:
-    return toolkit_program("nvcc", "compile the kernels")
+    return toolkit_program(build.nvcc, "nvcc", "compile the kernels")
 
 
 def cuobjdump() -> str:
     """Also the copy that torch's triton dependency ships (the pip install has no toolkit's)."""
-    try:
-        import triton
-        bundled = [os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")]
-    except ImportError:
-        bundled = []
-    return toolkit_program("cuobjdump", "read the kernels' SASS", *bundled)
+    return toolkit_program(sass.cuobjdump, "cuobjdump", "read the kernels' SASS")
 
 
 def wgmma_instructions(obj) -> int:
