@@ -42,7 +42,19 @@ def python_code(text: str) -> str:
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree, include_attributes=False)
+    return _tree_text(tree)
+
+
+def _tree_text(node) -> str:
+    """A syntax tree written out the same way by every Python version: `ast.dump` changed between
+    3.11, 3.12 and 3.13 (new empty fields, and fields left out when empty), so it is not used."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={_tree_text(value)}" for name, value in ast.iter_fields(node)
+                  if value is not None and value != []]
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(_tree_text(item) for item in node)}]"
+    return repr(node)
 
 
 def _digest(parts: list[str]) -> str:
