@@ -354,3 +354,37 @@ def readme_with_table(readme: str, table: str) -> str:
 
 def committed_sweeps() -> list[Path]:
     return sorted(RESULTS_DIR.glob("*.json"))
+
+
+def newest() -> Sweep:
+    """The committed sweep measured last: what the README's table and the notebooks' stored results show."""
+    paths = committed_sweeps()
+    if not paths:
+        raise FileNotFoundError("results/ holds no sweep: run `make gpu-results` on a GPU machine and commit results/")
+    return max((Sweep.load(path) for path in paths), key=lambda record: record.meta["date"])
+
+
+def stored_table(contenders: Iterable[int | str], points: Iterable[str], mode: str = "graph",
+                 against: str = "cuBLAS concat") -> str:
+    """Stored results for a notebook's look-back: the newest sweep's median µs for some steps
+    (by number) and peers at some points ("v2_lite@4096 bf16"), each with its speed against
+    `against` at that point. It prints the same on any machine, GPU or not, so a look-back that
+    quotes it keeps its numbers when the notebook runs elsewhere."""
+    record = newest()
+    meta = record.meta
+    names = [steps.get(c).label if isinstance(c, int) else c for c in contenders]
+    columns = [point.split() for point in points]
+    header = (f"stored: {meta['device']}, {meta['date'][:10]}, sources {meta['sources']} "
+              f"({sweep_path_for(meta).relative_to(REPO)}), {mode} mode, median µs (x {against})")
+
+    def cell(name: str, shape: str, dtype: str) -> str:
+        r, peer = record.find(name, shape, dtype, mode), record.find(against, shape, dtype, mode)
+        if r is None or r.status != "ok":
+            return "–" if r is None else r.status
+        ratio = f" ({peer.median_us / r.median_us:.2f}x)" if peer and peer.status == "ok" and name != against else ""
+        return f"{r.median_us:,.1f}{ratio}"
+
+    width = max(len(name) for name in names)
+    lines = [header, f"{'':{width}}" + "".join(f"  {' '.join(column):>20}" for column in columns)]
+    lines += [f"{name:{width}}" + "".join(f"  {cell(name, *column):>20}" for column in columns) for name in names]
+    return "\n".join(lines)

@@ -50,7 +50,7 @@ __device__ void accumulate_tile(Tile& acc, const T* __restrict__ hidden, int64_t
           k < depth && column < columns ? mla::to_float(*weights.at(k, column)) : 0.0f;
     }
     __syncthreads();  // the slices are complete before anyone reads them
-    // BEGIN SOLUTION: for each kk of this slice, read this thread's 4 A values (rows row_group * 4 + i: from `latent` at column k0 + kk when kFromLatent, else from a_tile[kk * kTokens + row]) and 4 B values (b_tile[kk * kColumns + lane + 32 * j]), and add their 16 products into acc[i][j]
+    // BEGIN SOLUTION: for every depth kk of this slice, add the 16 products of this thread's 4 x 4 micro-tile into acc[i][j]. The invariant: the thread owns tile rows row_group * 4 + i and columns lane + 32 * j. A sits depth-major in a_tile (one run of kTokens rows per depth) or, when kFromLatent, in `latent` (token rows latent_stride apart, this slice from column k0); B sits in b_tile, one run of kColumns columns per depth. Read each A and B value once per depth
 #pragma unroll
     for (int kk = 0; kk < kDepth; ++kk) {
       float a[kMicro], b[kMicro];

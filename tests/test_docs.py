@@ -56,3 +56,13 @@ def test_the_checks_can_fail():
         "kernels/mla_common.cuh", "kernels/99_gone.md"]
     log = "measured in {} 29, {} 2, on {}/next; the issue".format("Stop", "call", "wip")  # not spelled out here
     assert [m.group(0) for m in WORK_LOG.finditer(log)] == [log[12:19], log[21:27], log[32:37], "the issue"]
+
+
+def test_the_setup_notebook_and_the_readme_list_every_notebook():
+    setup = json.loads((REPO / "notebooks" / "00_setup.ipynb").read_text())
+    prose = "".join("".join(cell["source"]) for cell in setup["cells"] if cell["cell_type"] == "markdown")
+    readme = (REPO / "README.md").read_text()
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        if path.stem != "00_setup":
+            assert f"| {path.stem} |" in prose, f"notebook 00's course table does not list {path.stem}"
+        assert f"| `{path.stem}` |" in readme, f"the README's course table does not list {path.stem}"

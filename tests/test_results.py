@@ -1,6 +1,7 @@
 """The committed benchmark results: complete, self-describing, and the README's table made from them."""
 
 import json
+import re
 
 import matplotlib.pyplot as plt
 import pytest
@@ -176,3 +177,28 @@ def test_a_three_pass_steps_floor_is_three_times_the_tensor_work_at_the_tf32_rat
     ffma, one, three = (bench.floor_us(shape, torch.float32, ceilings, passes) for passes in (0, 1, 3))
     assert three == pytest.approx(3 * one) and ffma > three
     assert three == pytest.approx(3 * shape.flops() / 350e12 * 1e6)
+
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+# A time or a speed ratio as prose quotes it: "51.1 µs", "0.97x", "1.5×" (not a size such as "64 × 128").
+_QUOTED = re.compile(r"(?<![\w.,])(\d[\d,]*(?:\.\d+)?)(?:\s?µs|[x×](?!\w))")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_time_a_notebook_quotes_is_printed_by_its_checked_cells_or_was_predicted(path):
+    """The times and ratios in a notebook's prose come from the stored results (cells marked
+    NBVAL_CHECK_OUTPUT, whose outputs nbval holds to the JSON on any machine) or from a prediction
+    cell; a number from a run on one GPU would go stale on the next run, or on another GPU."""
+    cells = json.loads(path.read_text())["cells"]
+    printed = set()
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith("# NBVAL_CHECK_OUTPUT"):
+            printed |= {n for output in cell["outputs"] for n in _NUMBER.findall("".join(output.get("text", "")))}
+        if cell["cell_type"] == "markdown" and "**Prediction" in source:
+            printed |= set(_NUMBER.findall(source))
+    for index, cell in enumerate(cells):
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and "**Prediction" not in source:
+            unprinted = [n for n in _QUOTED.findall(source) if n not in printed]
+            assert not unprinted, f"{path.name}, cell {index} quotes {unprinted}, which no checked cell printed"
