@@ -47,10 +47,14 @@ def python_code(text: str) -> str:
 
 def _tree_text(node) -> str:
     """A syntax tree written out the same way by every Python version: `ast.dump` changed between
-    3.11, 3.12 and 3.13 (new empty fields, and fields left out when empty), so it is not used."""
+    3.11, 3.12 and 3.13 (new empty fields, and fields left out when empty), so it is not used, and
+    3.12 parses some f-strings with an extra empty piece, which is left out."""
     if isinstance(node, ast.AST):
         fields = [f"{name}={_tree_text(value)}" for name, value in ast.iter_fields(node)
                   if value is not None and value != []]
+        if isinstance(node, ast.JoinedStr):
+            pieces = [v for v in node.values if not (isinstance(v, ast.Constant) and v.value == "")]
+            fields = [f"values={_tree_text(pieces)}"] if pieces else []
         return f"{type(node).__name__}({','.join(fields)})"
     if isinstance(node, list):
         return f"[{','.join(_tree_text(item) for item in node)}]"
