@@ -1,3 +1,5 @@
+// Exercise ex07: generated from solutions/07_latency.cu by `python -m mla_lab exercises`.
+// Fill in each TODO, then grade: python -m mla_lab grade ex07
 // Step 7 — latency: for few tokens, small blocks with every weight slice in flight at once.
 //
 // What changed, and why: the toy (384 tokens, 19 MFLOP) is no work for a GPU, yet steps 2-6 take
@@ -215,20 +217,8 @@ template <typename T, typename A>
 __device__ __forceinline__ void accumulate(Sums& acc, const T* weights, int stride, const A* activations,
                                            int activation_stride, int rows, int column, int group,
                                            int groups) {
-  for (int k = group * kUnit; k < rows; k += groups * kUnit) {
-    float a[kTokens][kUnit];
-#pragma unroll
-    for (int m = 0; m < kTokens; ++m) load_unit(a[m], activations + m * activation_stride + k);
-#pragma unroll
-    for (int i = 0; i < kUnit; ++i) {
-      const float2 w = load_pair(weights + (k + i) * stride + column);
-#pragma unroll
-      for (int m = 0; m < kTokens; ++m) {
-        acc[m][0] += a[m][i] * w.x;
-        acc[m][1] += a[m][i] * w.y;
-      }
-    }
-  }
+  // TODO(ex07): this thread's share of the slice. The goal: acc[m][j] += activations[m][k] * weights[k][column + j] for the kTokens tokens m, the thread's two columns j and the rows k of its depth group. The invariants: the group owns units of kUnit rows, starting at unit `group` and every `groups` units on, up to `rows` (the slices are zero-padded to whole units, so no row needs a test); load each unit of each token's activations once (load_unit), and each weight row's two columns at once (load_pair), so that every activation loaded feeds two multiply-adds
+  MLA_NOT_IMPLEMENTED();
 }
 
 // 512 threads x 128 registers fill an SM's 64K: one block per SM, which is all its shared memory
@@ -297,25 +287,8 @@ __global__ void __maxnreg__(128)
     if (!s.ends_pass) continue;
 
     // End of a pass: add the depth groups' partial sums, then keep (GEMM 1) or store (GEMM 2).
-    if (threadIdx.x < kComputing) {
-#pragma unroll
-      for (int m = 0; m < kTokens; ++m) {
-        *reinterpret_cast<float2*>(partial + (m * kComputing + threadIdx.x) * 2) = make_float2(acc[m][0], acc[m][1]);
-        acc[m][0] = acc[m][1] = 0.0f;
-      }
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < kTokens << s.pass_shift; e += kThreads) {
-      const int m = e >> s.pass_shift, c = e & (pass_width - 1);
-      if (c >= s.columns) continue;
-      float sum = 0.0f;
-      for (int j = 0; j < w.groups; ++j) sum += partial[m * kComputing * 2 + (j << s.pass_shift) + c];
-      if (!s.up) {
-        latent[m * g.latent_stride + s.column0 + c] = sum;
-      } else if (m < tokens_here) {
-        out[(token0 + m) * (2 * g.width) + s.column0 + c] = mla::from_float<T>(sum);
-      }
-    }
+    // TODO(ex07): add the depth groups' partial sums of this pass. The goal: for each token m and column c of the pass (c < s.columns), the sum over the w.groups depth groups, kept in `latent` at column s.column0 + c for GEMM 1, stored to the stacked output for GEMM 2 (real tokens only, converted with mla::from_float<T>). The invariants: each computing thread (threadIdx.x < kComputing) puts its kTokens sums pairs in `partial`, token m's pair of thread t at (m * kComputing + t) * 2, and zeroes acc for the next pass; the whole block waits for them, then shares out the kTokens x pass_width results; with this layout, group j's entry for column c of token m lies j << s.pass_shift after group 0's
+    MLA_NOT_IMPLEMENTED();
     // The next write to `partial` ends the next pass, after at least one more barrier above.
   }
 }
