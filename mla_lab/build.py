@@ -85,7 +85,8 @@ def gpu_ready(what: str) -> bool:
     """For a notebook's GPU cell: True if it can run, else one line saying what it would show."""
     problem = run_problem()
     if problem:
-        print(f"This cell needs a CUDA GPU ({problem}). On one it {what}; the stored output shows an H200's.")
+        print(f"This cell needs a CUDA GPU ({problem}). On one it {what}; "
+              "the stored-results cells print what the course measured.")
         return False
     return True
 
