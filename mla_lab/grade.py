@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import bench, build, check, exercises, steps
-from .problem import TOY, Shape
+from .problem import TOY, Shape, make_inputs
 
 DTYPES = (torch.float32, torch.bfloat16)
 TIMING_SHAPE = TOY
@@ -100,10 +100,13 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
     previous = next((s for s in steps.STEPS if s.number == step.number - 1), None)
     if previous is not None:
         contenders[previous.label] = steps.load(previous, "solution")
-    timings = bench.compare(contenders, TIMING_SHAPE, torch.float32, "graph")
+    # Timed in the first dtype the learner's own kernel takes at the toy (step 6 runs bf16 only;
+    # in fp32 its fallback's kernel would be timed instead).
+    dtype = next((d for d in DTYPES if kernel.takes_fast_path(*make_inputs(TIMING_SHAPE, d, "cuda", 0))), DTYPES[0])
+    timings = bench.compare(contenders, TIMING_SHAPE, dtype, "graph")
     # Checked again after hundreds of graph replays: a kernel that is right only on its first
     # call, or only on the inputs it was timed on, fails here.
-    after = check.check(kernel, TIMING_SHAPE, torch.float32, "cuda")
+    after = check.check(kernel, TIMING_SHAPE, dtype, "cuda")
     if not after.ok:
         return GradeResult(step.exercise, "wrong", f"{name}: wrong after timing: {after}", [after])
 
@@ -112,7 +115,8 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
     }
     by_name = {t.name: t.median_us for t in timings}
     mine = by_name[step.label]
-    speed = [f"toy fp32 {mine:.1f} us"]
+    short_name = next(label for label, d in bench.DTYPES.items() if d == dtype)
+    speed = [f"toy {short_name} {mine:.1f} us"]
     if previous is not None:
         speed.append(f"{by_name[previous.label] / mine:.2f}x step {previous.number}")
     speed.append(f"{by_name['eager'] / mine:.2f}x eager ({by_name['eager']:.1f} us)")
