@@ -3,8 +3,8 @@ PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
 .PHONY: setup lab test gpu-check gpu-validate gpu-results sass exercises notebooks bench results
 
-.venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once
-	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && touch $@
+.venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once: torch, then nvcc's wheels of torch's CUDA
+	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && .venv/bin/python -m mla_lab toolkit install && touch $@
 
 setup: .venv/.installed
 

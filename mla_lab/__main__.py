@@ -1,4 +1,4 @@
-"""python -m mla_lab doctor | check | grade | exercises | bench | results | sass | gpu-check | kernelbench | notebooks"""
+"""python -m mla_lab doctor | toolkit | check | grade | exercises | bench | results | sass | gpu-check | kernelbench | notebooks"""
 
 from __future__ import annotations
 
@@ -15,6 +15,16 @@ def doctor(_: argparse.Namespace) -> int:
 
     print(setup_report())
     return 0
+
+
+def toolkit(args: argparse.Namespace) -> int:
+    from . import toolkit as cuda_toolkit
+
+    if args.action == "install":
+        return cuda_toolkit.install()
+    compiler = cuda_toolkit.compiler()
+    print(compiler.line())
+    return 1 if compiler.problem else 0
 
 
 def check_steps(args: argparse.Namespace) -> int:
@@ -161,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mla_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="what this machine can build and run").set_defaults(run=doctor)
+
+    p = sub.add_parser("toolkit", help="the CUDA compiler the course builds with; `install` gets the pip wheels of torch's CUDA")
+    p.add_argument("action", nargs="?", choices=["install"], help="pip-install the matching compiler wheels")
+    p.set_defaults(run=toolkit)
 
     p = sub.add_parser("check", help="check steps on the whole shape matrix (GPU)")
     p.add_argument("steps", nargs="*", help="step numbers or names (default: all)")

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from . import toolkit
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 BINDING_SOURCE = PACKAGE_DIR / "csrc" / "binding.cpp"
 INCLUDE_DIR = PACKAGE_DIR.parent / "kernels"
@@ -59,11 +61,8 @@ def toolchain_problem() -> str | None:
             f"this torch ({torch.__version__}) is a CPU build and cannot build CUDA kernels; "
             "install a CUDA build of torch (see README, Setup)"
         )
-    if _cuda_home() is None:
-        return (
-            "nvcc was not found: install the CUDA toolkit (conda: the cuda-nvcc package in "
-            "environment.yml) or set CUDA_HOME to its folder"
-        )
+    if toolkit.compiler().problem:
+        return toolkit.compiler().problem
     if shutil.which("ninja") is None and not _ninja_in_python():
         return "ninja was not found: pip install ninja"
     return None
@@ -95,7 +94,8 @@ def setup_report() -> str:
     """What this machine can do for the course, a line per question."""
     lines = [
         f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})",
-        f"kernels can be built here: {toolchain_problem() or 'yes, with ' + str(_cuda_home()) + '/bin/nvcc'}",
+        f"compiler: {toolkit.compiler().line()}",
+        f"kernels can be built here: {toolchain_problem() or 'yes, for ' + _target_archs_line()}",
     ]
     problem = gpu_problem()
     if problem:
@@ -134,44 +134,30 @@ def build_step(source: Path, name: str, arch_flags: tuple[str, ...] = (), define
     return Path(_load(name, source, extra_cuda_cflags=flags))
 
 
-def _cuda_home() -> str | None:
-    return _cpp_extension().CUDA_HOME
-
-
 def _ninja_in_python() -> bool:
     return _cpp_extension().is_ninja_available()
 
 
 @functools.cache
 def _cpp_extension():
-    found = None
-    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
-        found = _find_cuda_home()
-        if found:
-            os.environ["CUDA_HOME"] = found
+    """torch's extension builder, pointed at the compiler mla_lab.toolkit chose. torch's own guess
+    (the folder above the first nvcc on PATH, else /usr/local/cuda) may be another CUDA version,
+    or a wrapper's folder (/usr/local/bin/nvcc) where linking fails on -lcudart."""
+    home = toolkit.compiler().home
+    if home:
+        os.environ["CUDA_HOME"] = home
     # Importing it without a GPU logs "No CUDA runtime is found"; toolchain_problem says what matters.
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     import torch.utils.cpp_extension
 
-    if found and torch.utils.cpp_extension.CUDA_HOME != found:
-        # imported earlier (by a test, say) with torch's own guess, which links against the wrong folder
-        torch.utils.cpp_extension.CUDA_HOME = found
+    if home and torch.utils.cpp_extension.CUDA_HOME != home:
+        torch.utils.cpp_extension.CUDA_HOME = home  # imported earlier (by a test, say) with torch's guess
     return torch.utils.cpp_extension
 
 
-def _find_cuda_home() -> str | None:
-    """The CUDA toolkit folder: the one holding include/cuda_runtime.h next to the nvcc in use.
-
-    torch guesses the folder above the first `nvcc` on PATH, which is wrong where that nvcc is a
-    wrapper script or a symlink (/usr/local/bin/nvcc): linking then fails on -lcudart.
-    """
-    nvcc = shutil.which("nvcc")
-    candidates = [Path(nvcc).resolve().parent.parent] if nvcc else []
-    candidates += [Path("/usr/local/cuda")]
-    for folder in candidates:
-        if (folder / "include" / "cuda_runtime.h").exists():
-            return str(folder)
-    return None
+def _target_archs_line() -> str:
+    archs = [a for a in re.split(r"[;\s]+", _target_archs()) if a]
+    return ", ".join(f"sm_{a.replace('.', '')}" for a in archs) + " (the Hopper steps: sm_90a)"
 
 
 def _target_archs() -> str:
@@ -248,11 +234,9 @@ _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 def nvcc() -> str | None:
-    """The nvcc the course builds with: $CUDA_HOME/bin/nvcc, else the one on PATH."""
-    home = os.environ.get("CUDA_HOME") or _find_cuda_home()
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    """The nvcc the course builds with (mla_lab.toolkit), or None where there is none."""
+    home = toolkit.compiler().home
+    return str(Path(home) / "bin" / "nvcc") if home else None
 
 
 def torch_nvcc_defines() -> list[str]:
@@ -270,7 +254,7 @@ def compile_report(source: Path, arch_flags: tuple[str, ...] = (), defines: tupl
     sm_80 and sm_90: N registers, 0 spills, S bytes shared") or (False, the compiler's errors)."""
     compiler = nvcc()
     if compiler is None:
-        return False, "nvcc was not found: install the CUDA toolkit or set CUDA_HOME to its folder"
+        return False, toolkit.compiler().problem or "no nvcc"
     archs = arch_flags or REPORT_ARCHS
     with tempfile.TemporaryDirectory() as folder:
         result = subprocess.run([compiler, "-c", *nvcc_flags(archs, defines), "-Xptxas", "-v", str(source),

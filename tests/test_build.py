@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from mla_lab import build, steps
+from mla_lab import build, steps, toolkit
 
 needs_toolchain = pytest.mark.skipif(
     build.toolchain_problem() is not None and not os.environ.get("CI"),
@@ -30,10 +30,18 @@ def test_cpu_torch_is_named_in_one_line(monkeypatch):
         build.build_step(steps.get(1).source(), "never_built")
 
 
-def test_missing_nvcc_is_named_in_one_line(monkeypatch):
+def test_missing_nvcc_is_named_in_one_line_with_the_command_that_installs_it(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(build, "_cuda_home", lambda: None)
-    assert build.toolchain_problem().startswith("nvcc was not found")
+    for variable in toolkit.EXPLICIT:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(toolkit, "wheel_root", lambda: None)
+    monkeypatch.setattr(toolkit.shutil, "which", lambda name: None)
+    toolkit.compiler.cache_clear()
+    try:
+        problem = build.toolchain_problem()
+    finally:
+        toolkit.compiler.cache_clear()
+    assert problem.startswith("no CUDA compiler") and "-m mla_lab toolkit install" in problem and "\n" not in problem
 
 
 def test_setup_problems_render_as_one_line_in_jupyter():

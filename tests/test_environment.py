@@ -17,7 +17,7 @@ from mla_lab.steps import REPO
 
 # conda names that differ from pip's, and conda-only toolchain packages that pip cannot provide
 CONDA_TO_PIP = {"pytorch-gpu": "torch"}
-CONDA_ONLY = {"python", "pip", "cuda-nvcc", "cuda-cudart-dev", "cuda-cuobjdump"}
+CONDA_ONLY = {"python", "pip", "cuda-version", "cuda-nvcc", "cuda-cudart-dev", "cuda-cuobjdump"}
 
 
 def conda_packages() -> set[str]:
