@@ -8,8 +8,8 @@ where the wheels have `lib/` holding only `libcudart.so.<major>`. A folder of li
 environment (`<sys.prefix>/mla_lab_cuda`) closes both gaps, and the build points CUDA_HOME at it.
 
 A system toolkit is used where the learner asks for it (MLA_LAB_CUDA_HOME, or CUDA_HOME / CUDA_PATH)
-or where no wheels are installed and the nvcc on PATH is torch's CUDA version (conda's cuda-nvcc):
-never one of another version, which would build kernels against the wrong runtime.
+or where no wheels are installed and the nvcc on PATH (conda's cuda-nvcc), else /usr/local/cuda, is
+torch's CUDA version: never one of another version, which would build against the wrong runtime.
 """
 
 from __future__ import annotations
@@ -167,6 +167,12 @@ def compiler() -> Compiler:
             return Compiler(str(home), "system (PATH)", version, None)
         return Compiler(None, "", version, f"the nvcc on PATH is CUDA {version}, torch is built with CUDA {cuda}: "
                                            f"{fix} (or set MLA_LAB_CUDA_HOME to a CUDA {cuda} toolkit)")
+    # Where a toolkit's bin/ is not on PATH (GPU images often leave it out): its usual folder, of
+    # torch's version only.
+    usual = Path("/usr/local/cuda")
+    version = nvcc_version(usual)
+    if version is not None and _same_release(version, cuda):
+        return Compiler(str(usual), f"system ({usual})", version, None)
     if cuda is None:
         return Compiler(None, "", None, "no nvcc: a CPU build of torch has no CUDA version to match; install "
                                         "torch's CUDA build (README, Setup), then run `" + install_command() + "`")

@@ -36,6 +36,7 @@ def test_missing_nvcc_is_named_in_one_line_with_the_command_that_installs_it(mon
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(toolkit, "wheel_root", lambda: None)
     monkeypatch.setattr(toolkit.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolkit, "nvcc_version", lambda home: None)  # nor one in /usr/local/cuda
     toolkit.compiler.cache_clear()
     try:
         problem = build.toolchain_problem()
