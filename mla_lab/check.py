@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import failure_map
 from .problem import V2_LITE, V3, Inputs, Shape, make_inputs, oracle
 
 # Relative Frobenius error allowed against float64, by input dtype. fp32 accumulation over
@@ -155,16 +156,18 @@ def compare(
     if not bool(finite.all()):
         bad = int((~finite).sum())
         first = _index(shape, int((~finite).flatten().nonzero()[0]))
+        where = failure_map.describe(got, expected, shape, limit)
         return wrong(
             f"{bad} of {got.numel()} elements are NaN or Inf, first at out{first}: elements left "
-            "unwritten (the output was NaN-poisoned) or an overflow"
+            f"unwritten (the output was NaN-poisoned) or an overflow; {where}"
         )
     diff = got - expected
     rel = float(diff.norm() / expected.norm().clamp_min(1e-300))
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
     if rel <= limit:
         return Verdict(shape, dtype, rel, max_abs)
-    return wrong(diagnose(got, expected, shape, limit), rel, max_abs)
+    where = failure_map.describe(got, expected, shape, limit)
+    return wrong(diagnose(got, expected, shape, limit) + (f"; {where}" if where else ""), rel, max_abs)
 
 
 def diagnose(got: torch.Tensor, expected: torch.Tensor, shape: Shape, tolerance: float) -> str:

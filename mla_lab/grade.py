@@ -92,7 +92,8 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
         return GradeResult(
             step.exercise,
             "wrong",
-            f"{name}: wrong on {len(failed)} of {len(verdicts)} checks; first: {failed[0]}",
+            f"{name}: wrong on {len(failed)} of {len(verdicts)} checks; the smallest: "
+            f"{min(failed, key=lambda v: v.shape.flops())}",
             verdicts,
         )
 
