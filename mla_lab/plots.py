@@ -119,6 +119,35 @@ def roofline_sweep(sweep, dtype: str, mode: str = "graph"):
     return fig
 
 
+def accuracy_vs_speed(sweep, dtype: str, mode: str = "graph"):
+    """Relative error against float64 versus TFLOP/s, every correct result of one dtype: what each
+    way of doing the arithmetic (FFMA, one TF32 pass, three TF32 passes, bf16 tensor cores) costs
+    in accuracy and buys in speed, beside cuBLAS (in fp32 also cuBLAS with TF32 allowed)."""
+    from .check import TF32_TOLERANCE, TOLERANCE
+    from .sweep import DTYPES
+
+    rows = [r for r in _ok(sweep, dtype, mode) if r.rel_error]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    markers = "os^vD<>pP*hX"
+    for i, name in enumerate(dict.fromkeys(r.name for r in rows)):
+        points = [(r.tflops, r.rel_error) for r in rows if r.name == name]
+        peer = not name.startswith("step")
+        ax.loglog([p[0] for p in points], [p[1] for p in points], markers[i % len(markers)], label=name,
+                  alpha=0.8, markersize=9 if peer else 6, markerfacecolor="none" if peer else None)
+    ax.axhline(TOLERANCE[DTYPES[dtype]], color="k", linestyle="-", linewidth=0.8,
+               label=f"{dtype} tolerance {TOLERANCE[DTYPES[dtype]]:.0e}")
+    if dtype == "fp32":
+        ax.axhline(TF32_TOLERANCE, color="k", linestyle=":", linewidth=0.8,
+                   label=f"TF32 tolerance {TF32_TOLERANCE:.0e}")
+    ax.set_xlabel(f"achieved TFLOP/s ({mode} mode, one point per shape)")
+    ax.set_ylabel("relative error against float64")
+    ax.set_title(f"{dtype}: accuracy against speed on {sweep.meta['device']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
 def sweep_figures(sweep) -> dict[str, object]:
     """The figures committed beside a results file: name -> matplotlib figure."""
     figures = {}
@@ -126,4 +155,5 @@ def sweep_figures(sweep) -> dict[str, object]:
         if _ok(sweep, dtype, "graph"):
             figures[f"speed_vs_tokens_{dtype}"] = speed_vs_tokens(sweep, dtype)
             figures[f"roofline_{dtype}"] = roofline_sweep(sweep, dtype)
+            figures[f"accuracy_vs_speed_{dtype}"] = accuracy_vs_speed(sweep, dtype)
     return figures

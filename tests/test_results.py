@@ -129,7 +129,8 @@ def test_the_python_fingerprint_is_the_same_on_every_python_version():
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
 def test_the_plots_are_drawn_from_the_json_and_committed(path):
     figures = plots.sweep_figures(sweep.Sweep.load(path))
-    assert set(figures) == {f"{kind}_{dtype}" for kind in ("speed_vs_tokens", "roofline") for dtype in ("bf16", "fp32")}
+    kinds = ("speed_vs_tokens", "roofline", "accuracy_vs_speed")
+    assert set(figures) == {f"{kind}_{dtype}" for kind in kinds for dtype in ("bf16", "fp32")}
     plt.close("all")
     for name in figures:
         assert path.with_name(f"{path.stem}_{name}.png").exists(), f"run `python -m mla_lab results` and commit {path.stem}_{name}.png"
