@@ -1,4 +1,4 @@
-"""python -m mla_lab doctor | toolkit | check | grade | exercises | bench | results | sass | gpu-check | kernelbench | notebooks"""
+"""python -m mla_lab doctor | toolkit | check | grade | hint | exercises | bench | results | sass | gpu-check | kernelbench | notebooks"""
 
 from __future__ import annotations
 
@@ -53,6 +53,13 @@ def grade(args: argparse.Namespace) -> int:
     results = [grade_one(name, args.variant) for name in names]
     expected = "not implemented" if args.expect_stubs else "correct"
     return 0 if all(r.status in (expected, "needs hopper") for r in results) else 1  # Hopper's own, elsewhere
+
+
+def hint(args: argparse.Namespace) -> int:
+    from .hints import hint as show
+
+    show(args.exercise, args.level, args.part)
+    return 0
 
 
 def exercises(args: argparse.Namespace) -> int:
@@ -188,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", choices=["exercise", "solution"], default=None)
     p.add_argument("--expect-stubs", action="store_true", help="succeed only if all are unfilled stubs")
     p.set_defaults(run=grade)
+
+    p = sub.add_parser("hint", help="a hint for an exercise: 1 the idea, 2 the skeleton, 3 one part's solution")
+    p.add_argument("exercise", help="e.g. ex05")
+    p.add_argument("level", nargs="?", type=int, default=1, choices=[1, 2, 3])
+    p.add_argument("--part", type=int, help="only this part (level 3: which part's solution; default the first)")
+    p.set_defaults(run=hint)
 
     p = sub.add_parser("exercises", help="make exercises/ from solutions/")
     p.add_argument("--check", action="store_true", help="only report whether they are in sync")

@@ -19,6 +19,8 @@ __global__ void naive_kernel(const T* __restrict__ hidden, const T* __restrict__
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
     // BEGIN SOLUTION: split idx into (token, kv, column), compute this token's latent row on the fly and dot it with column `column` of w_up_k (kv == 0) or w_up_v (kv == 1); store the result at out[idx], converted with mla::from_float<T> (out holds T, bf16 or fp32)
+    // HINT 1: One thread owns one output element and computes it from scratch: its token's latent row, one latent value at a time, each a dot product of the hidden row with a column of w_down.
+    // HINT 2: column = idx % width; kv = (idx / width) % 2; token = idx / (2 * width). Then for j < rank: latent_j = sum over i of hidden[token][i] * w_down[i][j], and acc += latent_j * w_up[j][column]; then store from_float<T>(acc) at out[idx].
     const int64_t column = idx % width;
     const int64_t kv = (idx / width) % 2;
     const int64_t token = idx / (2 * width);

@@ -28,6 +28,8 @@ __global__ void shared_latent_kernel(const T* __restrict__ hidden, const T* __re
   T* out_row = out + token * 2 * width;
 
   // BEGIN SOLUTION: each thread computes latent[j] for j = threadIdx.x, threadIdx.x + blockDim.x, ... (consecutive threads read consecutive columns of w_down)
+  // HINT 1: The block's threads share the latent row: each computes a strided part of it once, so no thread recomputes what another computed.
+  // HINT 2: for (j = threadIdx.x; j < rank; j += blockDim.x) { acc = sum over i of hidden_row[i] * w_down[i][j]; latent[j] = acc; } Consecutive threads take consecutive j, so their reads of a w_down row coalesce.
   for (int64_t j = threadIdx.x; j < rank; j += blockDim.x) {
     float acc = 0.0f;
     for (int64_t i = 0; i < d_model; ++i) {
@@ -38,6 +40,8 @@ __global__ void shared_latent_kernel(const T* __restrict__ hidden, const T* __re
   // END SOLUTION
   __syncthreads();  // every thread reads all of `latent` below
   // BEGIN SOLUTION: each thread computes outputs c = threadIdx.x, threadIdx.x + blockDim.x, ... of out_row (2 * width of them: k columns first, then v) from the shared latent row
+  // HINT 1: Every thread reads the whole latent row from shared memory (the barrier above made it complete) and produces a strided part of the 2 * width outputs.
+  // HINT 2: for (c = threadIdx.x; c < 2 * width; c += blockDim.x): k column c when c < width, else v column c - width; acc = sum over j of latent[j] * w_up[j][column]; out_row[c] = from_float<T>(acc).
   for (int64_t c = threadIdx.x; c < 2 * width; c += blockDim.x) {
     const bool is_k = c < width;
     const T* w_up = is_k ? w_up_k : w_up_v;

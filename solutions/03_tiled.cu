@@ -51,6 +51,8 @@ __device__ void accumulate_tile(Tile& acc, const T* __restrict__ hidden, int64_t
     }
     __syncthreads();  // the slices are complete before anyone reads them
     // BEGIN SOLUTION: for every depth kk of this slice, add the 16 products of this thread's 4 x 4 micro-tile into acc[i][j]. The invariant: the thread owns tile rows row_group * 4 + i and columns lane + 32 * j. A sits depth-major in a_tile (one run of kTokens rows per depth) or, when kFromLatent, in `latent` (token rows latent_stride apart, this slice from column k0); B sits in b_tile, one run of kColumns columns per depth. Read each A and B value once per depth
+    // HINT 1: Register tiling: per depth, a thread loads its 4 A values and 4 B values once and reuses each of them 4 times, 16 multiply-adds for 8 loads.
+    // HINT 2: for kk < kDepth (the slices are zero-padded, so no test): float a[4], b[4]; a[i] from row row_group * 4 + i (latent when kFromLatent, else a_tile); b[j] from column lane + 32 * j of b_tile; acc[i][j] += a[i] * b[j].
 #pragma unroll
     for (int kk = 0; kk < kDepth; ++kk) {
       float a[kMicro], b[kMicro];

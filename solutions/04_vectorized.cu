@@ -163,6 +163,8 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
       }
     }
     // BEGIN SOLUTION: stage this thread's kRunsB runs of the weight slice: run j is row b_row + j * kRowsApart of the slice (weights row k0 + that row, columns first ..), landing kColumns elements per row further into the B part of the stage. A run that is whole and 16-byte aligned (`whole`, bit j of b_direct) goes by one mla::copy_async_16 to shared address b_to + offset + its row's byte offset; any other run goes element by element (mla::copy_run_by_elements into stage + kBStart + row * kColumns + b_column), nullptr past the matrix's edges so it is zero-filled
+    // HINT 1: A run that is whole and 16-byte aligned goes by one cp.async of 16 bytes; anything else (tails, misaligned views, the k | v boundary) goes element by element with zeros past the edges.
+    // HINT 2: for j < kRunsB: if (whole && bit j of b_direct) copy_async_16(shared address of run j, global address of run j); else copy_run_by_elements(shared run j, [&](q) { return the q-th element's address, or nullptr past depth or columns; }).
 #pragma unroll
     for (int j = 0; j < kRunsB; ++j) {
       if (whole && (b_direct >> j & 1)) {
@@ -184,11 +186,15 @@ __device__ void accumulate_tile(Tile& acc, const Problem<T>& p, int64_t token0, 
   static_assert(kBuffers == 2, "slice s + 1 goes to the other buffer, and slice s is all that is in flight");
   int current = 0;  // the buffer of slice s
   // BEGIN SOLUTION: before the loop, put slice 0's copies in flight into buffer `current` (if there is a slice) and close them as one group of copies
+  // HINT 1: Nothing is in flight yet: the first slice must be, before the loop's first wait.
+  // HINT 2: if there is a slice, stage_slice(0, current); then close the group with commit_copies(), also when there is none (every iteration waits for a group).
   if (slices > 0) stage_slice(0, current);
   mla::commit_copies();
   // END SOLUTION
   for (int s = 0; s < slices; ++s) {
     // BEGIN SOLUTION: keep one slice in flight while one is multiplied. Invariant at the top of iteration s: slice s's copies are the only group in flight, in buffer `current`. Wait until this thread's copies have landed, make every thread's visible (and every warp done with slice s - 1, whose buffer is refilled next), then start slice s + 1 into the other buffer and close its group
+    // HINT 1: Double buffering: wait for your copies of slice s, a barrier makes everyone's visible and frees the buffer of slice s - 1, then start slice s + 1 into that buffer.
+    // HINT 2: wait_for_copies(0); __syncthreads(); if (s + 1 < slices) stage_slice(s + 1, current ^ 1); commit_copies();
     mla::wait_for_copies(0);
     // Slice s is in from every thread, and every warp is done with slice s - 1, whose buffer
     // the next copies refill.

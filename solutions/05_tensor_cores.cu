@@ -32,6 +32,8 @@ struct TensorCore<__nv_bfloat16> {
   // A: the 16 x 16 tile at `tile`.
   __device__ static void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int stride) {
     // BEGIN SOLUTION: one mla::ldmatrix_x4 loads the whole A fragment; each lane hands it the address of one 8-element row (16 bytes) of the 16 x 16 tile. The four 8 x 8 matrices it returns must come in mma's order a0..a3: rows 0-7 then 8-15 of columns 0-7, then the same rows of columns 8-15; lane i gives row i of those 32 (rows are `stride` elements apart)
+    // HINT 1: ldmatrix.x4 is four 8 x 8 matrices in one instruction: each lane supplies one row address, and lane i's row ends up split across the fragment registers the mma expects.
+    // HINT 2: lane = threadIdx.x % 32; lanes 0-15 give rows 0-15 of columns 0-7, lanes 16-31 rows 0-15 of columns 8-15: row pointer = tile + (lane % 16) * stride + (lane / 16) * 8; ldmatrix_x4(a, row).
     const int lane = threadIdx.x % 32;
     const __nv_bfloat16* row = tile + (lane % 16) * stride + (lane / 16) * 8;
     mla::ldmatrix_x4(a, row);
@@ -219,6 +221,8 @@ __device__ void accumulate_tile(float (&acc)[C::kTilesM][C::kTilesN][4], const m
 #pragma unroll
     for (int ks = 0; ks < C::kSlice; ks += Core::kDepth) {
       // BEGIN SOLUTION: one mma depth (Core::kDepth) of this warp's block of results, (16 * C::kTilesM) rows from warp_row x (8 * C::kTilesN) columns from warp_column: load each of its C::kTilesM A fragments (Core::load_a, rows 16 apart, depth ks.. of a_tile, a_stride apart) and its C::kTilesN B fragments two at a time (Core::load_b_pair, columns 8 apart, rows ks.. of b_tile, C::kStrideB apart), then Core::mma every A fragment with every B fragment into acc[tm][tn]. Load all fragments before the first mma, so the tensor cores get independent work back to back
+      // HINT 1: Load every fragment first, then issue the mmas: kTilesM x kTilesN independent mmas back to back keep the tensor cores busy while the loads of the next depth are in flight.
+      // HINT 2: uint32_t a[kTilesM][4], b[kTilesN][2]; load_a for each tm at row warp_row + 16 * tm, depth ks; load_b_pair for tn += 2 at column warp_column + 8 * tn, row ks; then mma(acc[tm][tn], a[tm], b[tn]) for every pair.
       uint32_t a[C::kTilesM][4], b[C::kTilesN][2];
 #pragma unroll
       for (int tm = 0; tm < C::kTilesM; ++tm) {
@@ -291,6 +295,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) tensor_core_kernel(mla::Proble
     accumulate_tile<C, true>(acc, p, token0, n0, latent, latent_stride, a_stages, b_stages, stages);
     T* out_tile = b_stages;  // kTokens x kStrideB; the B stages are free after the last slice
     // BEGIN SOLUTION: write the stacked output tile: put each result pair (for_each_pair, store_pair) into out_tile, wait for the whole block, then copy out_tile to p.out row by row in 16-byte runs (C::kVector elements) where the run is inside the output and aligned, element by element where not; wait again before out_tile is reused
+    // HINT 1: Results leave the registers in mma's scattered layout; staging the tile in shared memory lets the block write the output in whole 16-byte runs along each token's row.
+    // HINT 2: for_each_pair -> store_pair into out_tile; __syncthreads(); for each (row, 16-byte column run) of the tile: skip tokens past p.tokens; a whole aligned run as one uint4 store, else element by element up to p.columns; __syncthreads() before out_tile is reused.
     for_each_pair<C>(acc, [&](int row, int column, float x, float y) {
       store_pair(out_tile + row * C::kStrideB + column, x, y);
     });

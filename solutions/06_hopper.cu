@@ -340,6 +340,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto run_slots = [&](const Ring& ring, int first, int slots, uint32_t arrivals_per_warp, auto one_in_flight,
                        auto issue, auto after_last_wait) {
     // BEGIN SOLUTION: the consumer's side of the ring, slot `it` = first + n for n = 0 .. slots - 1. The goal: run issue(slot address, n) on every slot once its copies have landed, and hand each slot back to the producer as soon as no wgmma reads it. The invariants: a slot's copies have landed when its full barrier completes the ring's phase for `it` (ring.parity); wgmma may read the accumulators only after a wgmma_fence, and the wgmmas of one slot are one commit group; a slot is handed back by one arrival of arrivals_per_warp from each warp's leader on its empty barrier; call after_last_wait() once the last slot has landed, before its wgmmas. With one_in_flight, one group stays in flight (wait until at most one is pending) and the slot handed back is the one before, the last after the loop; without it, wait for every group and hand back this slot. A slot never handed back stalls the producer, and the kernel never returns (restart the notebook kernel)
+    // HINT 1: A ring of slots between one producer and two consumers: each slot has a full barrier (the copy landed) and an empty barrier (the consumers are done). The consumer waits on full, computes, and arrives on empty.
+    // HINT 2: for n < slots: it = first + n; barrier_wait(full_bar(it), parity(it)); last slot: after_last_wait(); wgmma_fence(); issue(slot(it), n); wgmma_commit(); then wgmma_wait<0> and arrive on empty_bar(it), or with one_in_flight wgmma_wait<1> and arrive on empty_bar(it - 1) (n > 0), the last slot after the loop.
     for (int n = 0; n < slots; ++n) {
       const int it = first + n;
       barrier_wait(ring.full_bar(it), ring.parity(it));
@@ -379,6 +381,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     zero(acc);
     run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
       // BEGIN SOLUTION: GEMM 1 on one slot: one wgmma_64x128x16 into acc per 16 depths of the slot's kChunk. The invariants: the slot holds the block's hidden rows first (one row of kRowBytes per token, 128-byte swizzled; this consumer's 64 rows start consumer * 64 rows in), then after kHiddenBytes w_down's box (one row of kRowBytes per depth). A descriptor (descriptor(start, leading byte offset, stride byte offset)) of these swizzled tiles strides 1024 bytes from one 8-row group to the next; B's leading byte offset is the box's size, kDownBoxBytes, A's is 16 (unused under the swizzle). 16 depths are 32 bytes along a hidden row, but 16 rows down w_down's box
+      // HINT 1: wgmma reads both operands from shared memory through descriptors; advancing along the depth means moving each descriptor's start address, differently for the K-major A (along a row) and the N-major B (down the rows).
+      // HINT 2: for k < kChunk / 16: wgmma_64x128x16(acc, descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024), descriptor(slot + kHiddenBytes + 16 * kRowBytes * k, kDownBoxBytes, 1024)).
 #pragma unroll
       for (int k = 0; k < kChunk / 16; ++k) {
         wgmma_64x128x16(acc, descriptor(slot + consumer * 64 * kRowBytes + 32 * k, 16, 1024),

@@ -216,6 +216,8 @@ __device__ __forceinline__ void accumulate(Sums& acc, const T* weights, int stri
                                            int activation_stride, int rows, int column, int group,
                                            int groups) {
   // BEGIN SOLUTION: this thread's share of the slice. The goal: acc[m][j] += activations[m][k] * weights[k][column + j] for the kTokens tokens m, the thread's two columns j and the rows k of its depth group. The invariants: the group owns units of kUnit rows, starting at unit `group` and every `groups` units on, up to `rows` (the slices are zero-padded to whole units, so no row needs a test); load each unit of each token's activations once (load_unit), and each weight row's two columns at once (load_pair), so that every activation loaded feeds two multiply-adds
+  // HINT 1: Split the depth over thread groups and give each thread two adjacent columns: one activation load then feeds two multiply-adds, and the zero padding lets the loop run whole units without tests.
+  // HINT 2: for (k = group * kUnit; k < rows; k += groups * kUnit) { float a[kTokens][kUnit] via load_unit per token; for i < kUnit: w = load_pair(weights + (k + i) * stride + column); for m: acc[m][0] += a[m][i] * w.x; acc[m][1] += a[m][i] * w.y; }
   for (int k = group * kUnit; k < rows; k += groups * kUnit) {
     float a[kTokens][kUnit];
 #pragma unroll
@@ -300,6 +302,8 @@ __global__ void __maxnreg__(128)
 
     // End of a pass: add the depth groups' partial sums, then keep (GEMM 1) or store (GEMM 2).
     // BEGIN SOLUTION: add the depth groups' partial sums of this pass. The goal: for each token m and column c of the pass (c < s.columns), the sum over the w.groups depth groups, kept in `latent` at column s.column0 + c for GEMM 1, stored to the stacked output for GEMM 2 (real tokens only, converted with mla::from_float<T>). The invariants: each computing thread (threadIdx.x < kComputing) puts its kTokens sums pairs in `partial`, token m's pair of thread t at (m * kComputing + t) * 2, and zeroes acc for the next pass; the whole block waits for them, then shares out the kTokens x pass_width results; with this layout, group j's entry for column c of token m lies j << s.pass_shift after group 0's
+    // HINT 1: Each depth group holds partial sums: they meet in shared memory, after one barrier every result is the sum of its groups' entries.
+    // HINT 2: threads < kComputing store float2(acc[m][0], acc[m][1]) at partial + (m * kComputing + t) * 2 and zero acc; __syncthreads(); for e < kTokens << pass_shift: m = e >> pass_shift, c = e & (pass_width - 1); skip c >= s.columns; sum over j < w.groups of partial[m * kComputing * 2 + (j << pass_shift) + c]; GEMM 1: latent[m][s.column0 + c] = sum; GEMM 2 (m < tokens_here): out[(token0 + m) * 2 * width + s.column0 + c] = from_float<T>(sum).
     if (threadIdx.x < kComputing) {
 #pragma unroll
       for (int m = 0; m < kTokens; ++m) {

@@ -174,6 +174,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t up_row_bytes = uint32_t(g.slice) * sizeof(T);
   if (threadIdx.x == 0) {
     // BEGIN SOLUTION: one thread sets up the block's two mbarriers (shared addresses operands_landed and up_landed): each waits for one arrival (mla::barrier_init), the inits are fenced so the copy engine sees them (fence.mbarrier_init.release.cluster), and each is told how many bytes its copies will bring (mla::barrier_expect_bytes): GEMM 1's operands are the block's `rows` rows of hidden plus all of w_down; the up slice is `rank` rows of up_row_bytes. A barrier completes when its byte count reaches zero, so these counts must equal what the copies below deliver
+    // HINT 1: An mbarrier counts arrivals and bytes: the copy engine completes a phase once the expected bytes have landed and the expected arrivals came. Set both before any copy can complete on it.
+    // HINT 2: barrier_init(operands_landed, 1); barrier_init(up_landed, 1); fence.mbarrier_init.release.cluster; barrier_expect_bytes(operands_landed, rows * row_bytes + down_bytes); barrier_expect_bytes(up_landed, rank * up_row_bytes).
     mla::barrier_init(operands_landed, 1);
     mla::barrier_init(up_landed, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -191,6 +193,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int copies = hidden_copies + down_copies + (up_whole ? 1 : g.rank);
   for (int c = threadIdx.x; threadIdx.x < kIssuers && c < copies; c += kIssuers) {
     // BEGIN SOLUTION: issue copy number c with bulk_copy(to, from, bytes, barrier). Copies 0 .. hidden_copies - 1 are hidden's rows (all of them in one copy when hidden_whole), to s_hidden at hidden_pitch elements a row, completing on operands_landed; the next down_copies are w_down in kDownChunkBytes chunks (the last one shorter), also on operands_landed; the rest are the up slice's rows from up_from (width elements apart in global memory, up_pitch in shared; one copy when up_whole), completing on up_landed
+    // HINT 1: Copy number c names its source, destination, size and barrier: hidden rows, then w_down in chunks, then the up slice's rows. Whole operands go in one copy each when their rows are contiguous.
+    // HINT 2: c < hidden_copies: hidden row token0 + c to s_hidden + c * hidden_pitch (all rows at once when hidden_whole), on operands_landed; next down_copies: chunk at = (c - hidden_copies) * kDownChunkBytes, min(kDownChunkBytes, down_bytes - at) bytes, on operands_landed; the rest: up row j to s_up + j * up_pitch (all at once when up_whole), on up_landed.
     if (c < hidden_copies) {
       bulk_copy(s_hidden + c * g.hidden_pitch, hidden + (token0 + c) * g.d_model,
                 hidden_whole ? uint32_t(rows) * row_bytes : row_bytes, operands_landed);
@@ -212,6 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   // BEGIN SOLUTION: every thread waits until GEMM 1's operands have landed (phase 0 of operands_landed)
+  // HINT 1: A wait on an mbarrier returns once its phase has completed: every thread waits before it reads what the copies brought.
+  // HINT 2: barrier_wait(operands_landed, 0)
   mla::barrier_wait(operands_landed, 0);
   // END SOLUTION
 
@@ -238,6 +244,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   // BEGIN SOLUTION: and, before GEMM 2, until the up slice has (phase 0 of up_landed); it flew while GEMM 1 ran
+  // HINT 1: The up slice flew while GEMM 1 ran; wait for it only now.
+  // HINT 2: barrier_wait(up_landed, 0)
   mla::barrier_wait(up_landed, 0);
   // END SOLUTION
 
