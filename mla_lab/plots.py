@@ -157,3 +157,26 @@ def sweep_figures(sweep) -> dict[str, object]:
             figures[f"roofline_{dtype}"] = roofline_sweep(sweep, dtype)
             figures[f"accuracy_vs_speed_{dtype}"] = accuracy_vs_speed(sweep, dtype)
     return figures
+
+
+def fragment(name: str):
+    """One tensor-core fragment (mla_lab.layouts.FRAGMENTS): each element of the tile, colored by
+    the lane that holds it and labeled with its lane and register."""
+    from .layouts import FRAGMENTS, owners
+
+    layout, rows, columns, registers = FRAGMENTS[name]
+    held = owners(layout, rows, columns, registers)
+    fig, ax = plt.subplots(figsize=(0.55 * columns + 1.2, 0.42 * rows + 1.0))
+    colors = plt.get_cmap("tab20")
+    for (row, column), (lane, register) in held.items():
+        ax.add_patch(plt.Rectangle((column, row), 1, 1, color=colors(lane % 20), alpha=0.35 + 0.15 * (lane // 20)))
+        ax.text(column + 0.5, row + 0.5, f"T{lane}\nr{register}", ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, columns)
+    ax.set_ylim(rows, 0)
+    ax.set_xticks(range(columns))
+    ax.set_yticks(range(rows))
+    ax.set_xlabel("column (k for A, n for B and C)")
+    ax.set_ylabel("row")
+    ax.set_title(f"{name}: lane T and register r of each element", fontsize=9)
+    fig.tight_layout()
+    return fig
