@@ -120,3 +120,24 @@ def test_two_processes_building_the_same_step_both_succeed(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
     assert all(rc == 0 for _, _, rc in results), results
+
+
+@needs_toolchain
+def test_inputs_that_require_grad_and_an_out_over_an_input_are_refused_in_one_line():
+    from mla_lab.problem import TOY, make_inputs
+
+    kernel = steps.load(1)
+    inputs = make_inputs(TOY)
+    trained = inputs._replace(w_down=inputs.w_down.clone().requires_grad_())
+    with pytest.raises(RuntimeError, match=r"w_down requires grad, and these kernels have no backward; call them "
+                                           r"under torch.no_grad\(\) or pass w_down.detach\(\)") as error:
+        kernel(*trained, TOY.heads)
+    assert "\n" not in str(error.value).strip()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="move the inputs there with .cuda()"):
+        kernel(*trained, TOY.heads)  # no grad to keep: on to the next check
+    storage = torch.empty(TOY.tokens * TOY.d_model + 2 * TOY.tokens * TOY.width)
+    hidden = storage[: TOY.tokens * TOY.d_model].view(TOY.batch, TOY.seq, TOY.d_model)
+    hidden.copy_(inputs.hidden)
+    over_hidden = storage[TOY.tokens * TOY.d_model // 2:][: TOY.tokens * 2 * TOY.width].view(TOY.out_shape)
+    with pytest.raises(RuntimeError, match="out overlaps hidden in memory"):
+        kernel(hidden, inputs.w_down, inputs.w_up_k, inputs.w_up_v, TOY.heads, out=over_hidden)

@@ -1,14 +1,16 @@
 // The one torch binding, shared by every kernel step.
 //
 // It does everything a step must not repeat: checks the tensors (device, dtype, rank, sizes,
-// contiguity), allocates the stacked (B, S, 2, H, hd) output with `empty` (every element is the
+// contiguity, no grad to keep, no output over an input), allocates the stacked (B, S, 2, H, hd) output with `empty` (every element is the
 // kernel's to write), picks the inputs' GPU and torch's current stream (so CUDA-graph capture and
 // user streams work), calls the step's `mla_launch` and turns its error code into an exception.
 // A launcher that answers cudaErrorNotSupported (a fast path that does not take these inputs) is
 // followed by its fallback step's launcher. Steps are plain CUDA libraries; mla_lab/steps.py
 // passes the addresses of their entry points.
 // Compiled once per torch version: torch's headers dominate its build time, and no step needs them.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -58,6 +60,21 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, int64_t 
                    int64_t fallback_workspace_address, std::string step, const at::Tensor& hidden,
                    const at::Tensor& w_down, const at::Tensor& w_up_k, const at::Tensor& w_up_v,
                    int64_t heads, const std::optional<at::Tensor>& out) {
+  // Two calls that would otherwise return as if they had worked: a result that autograd cannot
+  // differentiate, and an output written over the inputs it is computed from.
+  const at::Tensor* inputs[] = {&hidden, &w_down, &w_up_k, &w_up_v};
+  const char* names[] = {"hidden", "w_down", "w_up_k", "w_up_v"};
+  for (int i = 0; i < 4; ++i) {
+    TORCH_CHECK(!(at::GradMode::is_enabled() && inputs[i]->requires_grad()), step, ": ", names[i],
+                " requires grad, and these kernels have no backward; call them under torch.no_grad() "
+                "or pass ", names[i], ".detach()");
+    if (out.has_value()) {
+      const auto overlap = at::get_overlap_status(*out, *inputs[i]);
+      TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial, step,
+                  ": out overlaps ", names[i], " in memory, so writing it would overwrite the input; "
+                  "pass an out of its own (torch.empty)");
+    }
+  }
   TORCH_CHECK(hidden.is_cuda(), step, ": hidden is on ", hidden.device(),
               "; these kernels run on a CUDA GPU: move the inputs there with .cuda()");
   const auto dtype = hidden.scalar_type();
