@@ -180,3 +180,26 @@ def fragment(name: str):
     ax.set_title(f"{name}: lane T and register r of each element", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def failure_map(got: torch.Tensor, expected: torch.Tensor, shape, tolerance: float):
+    """Where an output is wrong, as a picture: tokens down, the 2 * H * hd columns of k then v
+    across; wrong values in red, never-written elements (still NaN) in black. The title is the
+    grader's one line (mla_lab.failure_map.describe)."""
+    from matplotlib.colors import ListedColormap
+
+    from .failure_map import describe, wrong_elements
+
+    wrong = wrong_elements(got, expected, tolerance).reshape(shape.tokens, -1)
+    unwritten = ~torch.isfinite(got.reshape(shape.tokens, -1))
+    picture = torch.where(unwritten, 2, wrong.long())
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.imshow(picture.numpy(), aspect="auto", interpolation="nearest", vmin=0, vmax=2,
+              cmap=ListedColormap(["#f2f2f2", "#d62728", "black"]))
+    width = shape.heads * shape.head_dim
+    ax.axvline(width - 0.5, color="k", linewidth=1)
+    ax.set_xticks([width / 2, width + width / 2], ["k (H x hd)", "v (H x hd)"])
+    ax.set_ylabel("token (batch x seq)")
+    ax.set_title(describe(got, expected, shape, tolerance) or "no element stands out", fontsize=8, wrap=True)
+    fig.tight_layout()
+    return fig

@@ -70,3 +70,14 @@ def test_the_check_says_where(expected):
     got = planted(expected, lambda g: g[:, :, 1, :, 16:].mul_(1.5))
     verdict = check.compare(got.float(), expected, torch.float32, TOY)
     assert "k is right but v is wrong" in verdict.problem and "columns 16-31 of each head" in verdict.problem
+
+
+def test_the_map_is_drawn_without_a_gpu(expected):
+    import matplotlib.pyplot as plt
+
+    from mla_lab import plots
+
+    got = planted(expected, lambda g: g[:, 90:].fill_(float("nan")))
+    figure = plots.failure_map(got, expected, TOY, check.TOLERANCE[torch.float32])
+    assert "never written" in figure.axes[0].get_title()
+    plt.close(figure)
