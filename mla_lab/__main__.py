@@ -107,18 +107,18 @@ def results(args: argparse.Namespace) -> int:
     if not paths:
         print("no results/*.json yet: run `python -m mla_lab bench` on a GPU first", file=sys.stderr)
         return 2
-    paths.sort(key=lambda path: sweep.Sweep.load(path).meta["date"], reverse=True)
+    record = sweep.newest(paths)
+    source = sweep.sweep_path_for(record.meta).name
     readme = sweep.README.read_text()
-    table = sweep.results_table(sweep.Sweep.load(paths[0]), with_staleness=True)
-    updated = sweep.readme_with_table(readme, table)
+    updated = sweep.readme_with_table(readme, sweep.results_table(record, with_staleness=True))
     if args.check:
         if updated != readme:
-            print(f"README.md's results table is not the one {paths[0].name} gives: run `python -m mla_lab results`")
+            print(f"README.md's results table is not the one {source} gives: run `python -m mla_lab results`")
             return 1
-        print(f"README.md's results table matches {paths[0].name}")
+        print(f"README.md's results table matches {source}")
         return 0
     sweep.README.write_text(updated)
-    print(f"README.md: results table from {paths[0]}")
+    print(f"README.md: results table from {source}")
     for path in paths:
         for name, figure in plots.sweep_figures(sweep.Sweep.load(path)).items():
             target = path.with_name(f"{path.stem}_{name}.png")
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=bench)
 
     p = sub.add_parser("results", help="README results table and plots from results/*.json (CPU)")
-    p.add_argument("files", nargs="*", help="results JSON files (default: results/*.json; the first makes the README table)")
+    p.add_argument("files", nargs="*", help="results JSON files (default: results/*.json; the newest makes the README table)")
     p.add_argument("--check", action="store_true", help="only check that README.md's table matches the JSON")
     p.add_argument("--fingerprint", action="store_true", help="print the digests of the code here (compare with a JSON's meta.fingerprint)")
     p.set_defaults(run=results)

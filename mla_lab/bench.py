@@ -161,6 +161,11 @@ def time_fn(
 
 PEERS = ("eager", "cuBLAS concat", "cuBLAS concat TF32", "torch.compile")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the names results are recorded under
+
+
+def dtype_label(dtype: torch.dtype) -> str:
+    """"fp32" or "bf16": a dtype's name in results and one-line reports."""
+    return next(name for name, d in DTYPES.items() if d == dtype)
 NOTEBOOK_PEERS = ("eager", "cuBLAS concat")
 
 
@@ -270,7 +275,7 @@ def measure(
     enough input sets that the L2 cannot serve them; with `ceilings`, each result carries its
     roofline floor.
     """
-    dtype_name = next(name for name, d in DTYPES.items() if d == dtype)
+    dtype_name = dtype_label(dtype)
     shape_name = shape_name or shape.label()
     modes = list(modes)
     sets = input_sets(shape, dtype, seed) if rotate_inputs else [make_inputs(shape, dtype, "cuda", seed)]

@@ -31,12 +31,9 @@ class MarkerError(ValueError):
     pass
 
 
-def strip_solutions(text: str, exercise: str, origin: str) -> str:
-    """The exercise version of one solution file."""
-    out: list[str] = [
-        f"// Exercise {exercise}: generated from {origin} by `python -m mla_lab exercises`.",
-        f"// Fill in each TODO, then grade: python -m mla_lab grade {exercise}",
-    ]
+def marked_lines(text: str, origin: str):
+    """Each line of a solution file as ("begin", its BEGIN match), ("inside", line), ("end", line)
+    or ("outside", line), after checking that the markers pair up and that there is a region."""
     regions = 0
     inside = False
     for number, line in enumerate(text.splitlines(), start=1):
@@ -45,18 +42,32 @@ def strip_solutions(text: str, exercise: str, origin: str) -> str:
             if inside:
                 raise MarkerError(f"{origin}:{number}: BEGIN SOLUTION inside another region")
             inside, regions = True, regions + 1
-            indent, hint = begin["indent"], begin["hint"] or "write this part"
-            out += [f"{indent}// TODO({exercise}): {hint}", f"{indent}{STUB}"]
+            yield "begin", begin
         elif END.match(line):
             if not inside:
                 raise MarkerError(f"{origin}:{number}: END SOLUTION without BEGIN SOLUTION")
             inside = False
-        elif not inside:
-            out.append(line)
+            yield "end", line
+        else:
+            yield ("inside" if inside else "outside"), line
     if inside:
         raise MarkerError(f"{origin}: a BEGIN SOLUTION region is never closed")
     if regions == 0:
         raise MarkerError(f"{origin}: no BEGIN SOLUTION region, so the exercise would be the answer")
+
+
+def strip_solutions(text: str, exercise: str, origin: str) -> str:
+    """The exercise version of one solution file."""
+    out: list[str] = [
+        f"// Exercise {exercise}: generated from {origin} by `python -m mla_lab exercises`.",
+        f"// Fill in each TODO, then grade: python -m mla_lab grade {exercise}",
+    ]
+    for kind, line in marked_lines(text, origin):
+        if kind == "begin":
+            indent, hint = line["indent"], line["hint"] or "write this part"
+            out += [f"{indent}// TODO({exercise}): {hint}", f"{indent}{STUB}"]
+        elif kind == "outside":
+            out.append(line)
     return "\n".join(out) + "\n"
 
 

@@ -116,8 +116,7 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
     }
     by_name = {t.name: t.median_us for t in timings}
     mine = by_name[step.label]
-    short_name = next(label for label, d in bench.DTYPES.items() if d == dtype)
-    speed = [f"toy {short_name} {mine:.1f} us"]
+    speed = [f"toy {bench.dtype_label(dtype)} {mine:.1f} us"]
     if previous is not None:
         speed.append(f"{by_name[previous.label] / mine:.2f}x step {previous.number}")
     speed.append(f"{by_name['eager'] / mine:.2f}x eager ({by_name['eager']:.1f} us)")

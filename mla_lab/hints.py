@@ -33,22 +33,19 @@ def parts(exercise: str) -> list[Part]:
     """The parts of an exercise, in file order, read from its solution's marked regions."""
     step = steps.get(exercise)
     found: list[Part] = []
-    inside = False
     solution = step.source("solution")
-    for line in solution.read_text().splitlines():
-        if exercises.BEGIN.match(line):
-            inside = True
+    text, origin = solution.read_text(), str(solution.relative_to(steps.REPO))
+    for kind, line in exercises.marked_lines(text, origin):
+        if kind == "begin":
             found.append(Part(0, {}, []))
-        elif exercises.END.match(line):
-            inside = False
-        elif inside:
+        elif kind == "inside":
             hint = _HINT.match(line)
             if hint:
                 found[-1].hints[int(hint[1])] = hint[2]
             else:
                 found[-1].solution.append(line)
     # Where each TODO is in the blank exercise (a learner's edits may have moved it since).
-    blank = exercises.strip_solutions(solution.read_text(), step.exercise, str(solution.relative_to(steps.REPO)))
+    blank = exercises.strip_solutions(text, step.exercise, origin)
     stubs = [n for n, line in enumerate(blank.splitlines(), 1) if exercises.STUB in line]
     for part, line in zip(found, stubs):
         part.todo_line = line - 1  # the TODO comment sits on the line above its stub

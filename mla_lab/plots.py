@@ -68,6 +68,13 @@ def _ok(sweep, dtype: str, mode: str):
     return [r for r in sweep.results if r.dtype == dtype and r.mode == mode and r.status == "ok"]
 
 
+def _by_contender(rows):
+    """(marker, name, its rows) for each contender, in the sweep's order: one marker per contender."""
+    markers = "os^vD<>pP*hX"
+    names = dict.fromkeys(r.name for r in rows)
+    return [(markers[i % len(markers)], name, [r for r in rows if r.name == name]) for i, name in enumerate(names)]
+
+
 def speed_vs_tokens(sweep, dtype: str, family: str = "v2_lite", mode: str = "graph"):
     """Median time per call against tokens, one line per step and peer, from a sweep's JSON."""
     rows = [r for r in _ok(sweep, dtype, mode) if r.shape.split("@")[0] == family]
@@ -100,16 +107,10 @@ def roofline_sweep(sweep, dtype: str, mode: str = "graph"):
     if dtype == "fp32":
         tf32 = ceilings["tf32 matmul TFLOP/s"]
         ax.loglog(intensity, torch.clamp(intensity * bandwidth, max=tf32), "k:", label=f"tf32 matmul {tf32:.0f} TFLOP/s")
-    rows = _ok(sweep, dtype, mode)
-    markers = "os^vD<>pP*hX"
-    for i, name in enumerate(dict.fromkeys(r.name for r in rows)):
-        xs, ys = [], []
-        for r in rows:
-            if r.name == name:
-                shape = SHAPES[r.shape]
-                xs.append(shape.flops() / shape.min_bytes(DTYPES[dtype]))
-                ys.append(r.tflops)
-        ax.loglog(xs, ys, markers[i % len(markers)], label=name, alpha=0.8)
+    for marker, name, rows in _by_contender(_ok(sweep, dtype, mode)):
+        shapes = [SHAPES[r.shape] for r in rows]
+        ax.loglog([s.flops() / s.min_bytes(DTYPES[dtype]) for s in shapes], [r.tflops for r in rows], marker,
+                  label=name, alpha=0.8)
     ax.set_xlabel("arithmetic intensity, FLOP per byte of minimum traffic (one point per shape)")
     ax.set_ylabel("achieved TFLOP/s (useful FLOPs)")
     ax.set_title(f"{dtype}, {mode} mode, on {sweep.meta['device']} (ceilings measured in the same run)")
@@ -126,13 +127,10 @@ def accuracy_vs_speed(sweep, dtype: str, mode: str = "graph"):
     from .check import TF32_TOLERANCE, TOLERANCE
     from .sweep import DTYPES
 
-    rows = [r for r in _ok(sweep, dtype, mode) if r.rel_error]
     fig, ax = plt.subplots(figsize=(8, 5))
-    markers = "os^vD<>pP*hX"
-    for i, name in enumerate(dict.fromkeys(r.name for r in rows)):
-        points = [(r.tflops, r.rel_error) for r in rows if r.name == name]
+    for marker, name, rows in _by_contender([r for r in _ok(sweep, dtype, mode) if r.rel_error]):
         peer = not name.startswith("step")
-        ax.loglog([p[0] for p in points], [p[1] for p in points], markers[i % len(markers)], label=name,
+        ax.loglog([r.tflops for r in rows], [r.rel_error for r in rows], marker, label=name,
                   alpha=0.8, markersize=9 if peer else 6, markerfacecolor="none" if peer else None)
     ax.axhline(TOLERANCE[DTYPES[dtype]], color="k", linestyle="-", linewidth=0.8,
                label=f"{dtype} tolerance {TOLERANCE[DTYPES[dtype]]:.0e}")

@@ -356,9 +356,10 @@ def committed_sweeps() -> list[Path]:
     return sorted(RESULTS_DIR.glob("*.json"))
 
 
-def newest() -> Sweep:
-    """The committed sweep measured last: what the README's table and the notebooks' stored results show."""
-    paths = committed_sweeps()
+def newest(paths: Iterable[Path] | None = None) -> Sweep:
+    """The sweep measured last (of `paths`, by default the committed ones): what the README's table
+    and the notebooks' stored results show."""
+    paths = list(paths) if paths is not None else committed_sweeps()
     if not paths:
         raise FileNotFoundError("results/ holds no sweep: run `make gpu-results` on a GPU machine and commit results/")
     return max((Sweep.load(path) for path in paths), key=lambda record: record.meta["date"])

@@ -27,7 +27,7 @@ def test_a_sweep_says_where_and_how_it_was_measured(path):
     assert path == sweep.sweep_path_for(record.meta)
 
 
-NEWEST = max((sweep.Sweep.load(path) for path in SWEEPS), key=lambda record: record.meta["date"]) if SWEEPS else None
+NEWEST = sweep.newest() if SWEEPS else None
 
 
 def test_the_newest_sweep_records_what_its_numbers_depend_on():
