@@ -47,32 +47,6 @@ __device__ __forceinline__ void bulk_copy(void* to, const void* from, uint32_t b
                ::"r"(mla::shared_address(to)), "l"(from), "r"(bytes), "r"(bar) : "memory");
 }
 
-// ---- fp32 on TF32 tensor cores --------------------------------------------------------------
-// x = hi + lo, each a TF32 value (in fp32 bits).
-template <int N>
-__device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    hi[i] = mla::round_to_tf32(x[i]);
-    lo[i] = mla::round_to_tf32(x[i] - __uint_as_float(hi[i]));
-  }
-}
-// a * b to about fp32's accuracy: a_hi * b_hi into `big`, the cross terms into `small` (two
-// chains of mma, not one of three; the caller adds them once at the end).
-__device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&small)[4], const float (&a)[4],
-                                           const float (&b)[2]) {
-  uint32_t a_hi[4], a_lo[4], b_hi[2], b_lo[2];
-  split_tf32(a, a_hi, a_lo);
-  split_tf32(b, b_hi, b_lo);
-  mla::mma_tf32(small, a_lo, b_hi[0], b_hi[1]);
-  mla::mma_tf32(small, a_hi, b_lo[0], b_lo[1]);
-  mla::mma_tf32(big, a_hi, b_hi[0], b_hi[1]);
-}
-__device__ __forceinline__ void add_into(float (&c)[4], const float (&small)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) c[i] += small[i];
-}
-
 // Stores a 16 x 8 accumulator tile at column n0 of a 16-row fp32 tile (rows g and g + 8,
 // columns 2q and 2q + 1 of the tile: mma's layout).
 __device__ __forceinline__ void store_accumulators(float* tile, int pitch, int n0, const float (&c)[4]) {
@@ -108,11 +82,11 @@ __device__ __forceinline__ void gemm1_part(const float* hidden, const float* dow
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const float bf[2] = {b[k * g.rank + 8 * t], b[(k + 4) * g.rank + 8 * t]};
-      mma_3xtf32(c[t], small[t], af, bf);
+      mla::mma_3xtf32(c[t], small[t], af, bf);
     }
   }
-  add_into(c[0], small[0]);
-  add_into(c[1], small[1]);
+  mla::add_into(c[0], small[0]);
+  mla::add_into(c[1], small[1]);
 }
 
 // GEMM 2 for the 8-column tile at n0 of the slice: the latent (16 x rank, fp32) times the up slice.
@@ -142,9 +116,9 @@ __device__ __forceinline__ void gemm2_tile(const float* latent, const float* up,
   for (int k = 0; k < g.rank; k += 8) {
     const float af[4] = {a[k], a[k + 8 * g.latent_pitch], a[k + 4], a[k + 8 * g.latent_pitch + 4]};
     const float bf[2] = {b[k * g.up_pitch], b[(k + 4) * g.up_pitch]};
-    mma_3xtf32(c, small, af, bf);
+    mla::mma_3xtf32(c, small, af, bf);
   }
-  add_into(c, small);
+  mla::add_into(c, small);
 }
 
 __device__ __forceinline__ void store_pair(float* at, float x, float y) {

@@ -159,6 +159,31 @@ __device__ __forceinline__ uint32_t round_to_tf32(float x) {
   return r;
 }
 
+// fp32 on TF32 tensor cores at fp32's accuracy (steps 8 and 11): three passes per product.
+// x = hi + lo, each a TF32 value (in fp32 bits).
+template <int N>
+__device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    hi[i] = round_to_tf32(x[i]);
+    lo[i] = round_to_tf32(x[i] - __uint_as_float(hi[i]));
+  }
+}
+// a * b to about fp32's accuracy: a_hi * b_hi into `big`, the cross terms into `small` (two
+// chains of mma, not one of three; the caller adds them once at the end).
+__device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&small)[4], const float (&a)[4],
+                                           const float (&b)[2]) {
+  uint32_t a_hi[4], a_lo[4], b_hi[2], b_lo[2];
+  split_tf32(a, a_hi, a_lo);
+  split_tf32(b, b_hi, b_lo);
+  mma_tf32(small, a_lo, b_hi[0], b_hi[1]);
+  mma_tf32(small, a_hi, b_lo[0], b_lo[1]);
+  mma_tf32(big, a_hi, b_hi[0], b_hi[1]);
+}
+__device__ __forceinline__ void add_into(float (&c)[4], const float (&small)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) c[i] += small[i];
+}
 
 // The path for a 16-byte run that cp.async cannot take (misaligned, across k|v, over an edge):
 // element by element, where `element(q)` is the address of the run's element q, or nullptr

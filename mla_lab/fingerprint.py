@@ -21,8 +21,8 @@ from . import build, steps
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The Python and C++ that build, call, check and time the kernels (not the reports made afterwards).
-MEASURING_CODE = ("abi.py", "bench.py", "build.py", "check.py", "layout.py", "problem.py", "steps.py",
-                  "csrc/binding.cpp")
+MEASURING_CODE = ("abi.py", "bench.py", "build.py", "check.py", "dispatch.py", "layout.py", "problem.py",
+                  "steps.py", "csrc/binding.cpp")
 
 _C_TOKENS = re.compile(r'"(?:\\.|[^"\\])*"' r"|'(?:\\.|[^'\\])*'" r"|//[^\n]*|/\*.*?\*/|\S+", re.S)
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

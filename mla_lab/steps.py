@@ -182,6 +182,20 @@ STEPS = (
         fallback=4,
         fast_path=TF32_WGMMA_FAST_PATH,
     ),
+    Step(
+        11,
+        "decode",
+        "for decode batches at real widths: weight tiles held in shared memory while the tokens stream past, "
+        "GEMM 1 split over a cluster, GEMM 2 launched as a programmatic dependent",
+        is_exercise=True,
+        max_rank=640,
+        limit_reason="its fallback, step 4, takes rank <= 640",
+        fp32_tensor_passes=3,
+        arch_flags=SM90_ARCH_FLAGS,
+        fallback=4,
+        fast_path="an sm_90 GPU, d_model, rank and heads*head_dim multiples of 8, 16-byte aligned tensors, "
+                  "and weight tiles that fit one block's shared memory",
+    ),
 )
 
 

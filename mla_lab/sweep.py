@@ -21,20 +21,19 @@ from pathlib import Path
 
 import torch
 
-from . import bench, fingerprint, steps
+from . import bench, dispatch, fingerprint, steps
 from .problem import TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, reference
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "results"
 
-# Named sweep points: the toy, V2-Lite from decode-sized batches to 8192-token prefill, and V3
-# (the 16-head tensor-parallel slice and all 128 heads).
+# Named sweep points: the toy, V2-Lite from a single decode token to 8192-token prefill, and V3
+# (the 16-head tensor-parallel slice and all 128 heads) from decode batches to 16384 tokens.
 SHAPES: dict[str, Shape] = {
     "toy": TOY,
-    **{f"v2_lite@{n}": V2_LITE.with_tokens(1, n) for n in (128, 512, 2048, 4096, 8192)},
-    "v3_tp8@4096": V3_TP8.with_tokens(1, 4096),
-    "v3@4096": V3.with_tokens(1, 4096),
-    "v3@16384": V3.with_tokens(1, 16384),
+    **{f"v2_lite@{n}": V2_LITE.with_tokens(1, n) for n in (1, 16, 64, 128, 256, 512, 2048, 4096, 8192)},
+    **{f"v3_tp8@{n}": V3_TP8.with_tokens(1, n) for n in (1, 64, 4096)},
+    **{f"v3@{n}": V3.with_tokens(1, n) for n in (64, 4096, 16384)},
 }
 DTYPES = bench.DTYPES
 PEERS = bench.PEERS
@@ -180,6 +179,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
             continue
         skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
     del probe
+    contenders[dispatch.NAME] = dispatch.project
     return skipped + bench.measure(contenders, shape, dtype, peers, modes, seed, budget_s, rotate_inputs=True,
                                    ceilings=ceilings, compiled=compiled, shape_name=shape_name)
 
@@ -254,9 +254,49 @@ def results_table(sweep: Sweep, mode: str = "graph", with_staleness: bool = Fals
             f"{us(compiled)} | {ratio(eager)} | {ratio(cublas)} | {best.of_floor:.0%} |"
         )
     lines.append("")
+    lines += dispatcher_lines(sweep, mode)
     lines.append(f"cuBLAS concat in the TF32 row is cuBLAS with TF32 allowed. Every number is in "
                  f"[{sweep_path_for(meta).relative_to(REPO)}]({sweep_path_for(meta).relative_to(REPO)}).")
     return "\n".join(lines)
+
+
+def dispatcher_ratios(sweep: Sweep, mode: str = "graph") -> list[tuple[float, Result]]:
+    """`mla_lab.project` against cuBLAS concat (fp32: without TF32) at every point of the sweep:
+    (cuBLAS µs / project µs, project's result), worst first."""
+    ratios = []
+    for r in sweep.results:
+        if r.name == dispatch.NAME and r.mode == mode and r.status == "ok":
+            cublas = sweep.find("cuBLAS concat", r.shape, r.dtype, mode)
+            if cublas and cublas.status == "ok":
+                ratios.append((cublas.median_us / r.median_us, r))
+    return sorted(ratios, key=lambda pair: pair[0])
+
+
+def dispatcher_table(sweep: Sweep, mode: str = "graph") -> str:
+    """`mla_lab.project` at every point of the sweep: its µs beside eager's and cuBLAS's."""
+    lines = [f"{'point':22}{'project µs':>12}{'eager µs':>10}{'cuBLAS µs':>11}{'vs cuBLAS':>11}"]
+    by_point = {(r.shape, r.dtype): r for _, r in dispatcher_ratios(sweep, mode)}
+    for shape in SHAPES:
+        for dtype in DTYPES:
+            r = by_point.get((shape, dtype))
+            if r is None:
+                continue
+            eager, cublas = sweep.find("eager", shape, dtype, mode), sweep.find("cuBLAS concat", shape, dtype, mode)
+            lines.append(f"{shape + ' ' + dtype:22}{r.median_us:>12,.1f}{eager.median_us:>10,.1f}"
+                         f"{cublas.median_us:>11,.1f}{cublas.median_us / r.median_us:>10.2f}x")
+    return "\n".join(lines)
+
+
+def dispatcher_lines(sweep: Sweep, mode: str = "graph") -> list[str]:
+    """One sentence on `mla_lab.project` over the whole sweep: its worst and best ratio to cuBLAS."""
+    ratios = dispatcher_ratios(sweep, mode)
+    if not ratios:
+        return []
+    (worst, w), (best, b) = ratios[0], ratios[-1]
+    ahead = sum(1 for ratio, _ in ratios if ratio >= 1.0)
+    return [f"`mla_lab.project` (the fastest step for each shape) against cuBLAS concat over all {len(ratios)} "
+            f"points of the sweep: worst {worst:.2f}x ({w.shape} {w.dtype}), best {best:.2f}x ({b.shape} {b.dtype}); "
+            f"ahead at {ahead}.", ""]
 
 
 def stale_note(sweep: Sweep) -> list[str]:

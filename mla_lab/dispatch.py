@@ -1,0 +1,70 @@
+"""One entry point for the whole course: `mla_lab.project(hidden, w_down, w_up_k, w_up_v, heads)`
+runs the step that is fastest for the shape, dtype and GPU, keeping the dtype's accuracy (fp32 in,
+fp32's tolerance out: never a one-pass TF32 step).
+
+The rules are read off the sweep (`results/h100_80gb_hbm3.json`, graph replay), written once here,
+and held to it by tests/test_dispatch.py: at every point of the newest sweep of that device, the
+chosen step must be the fastest course step there, or within `SLACK` of it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import build, steps
+
+# Up to this many tokens, step 11 (decode) beats the steps built for prefill (6 in bf16, 10 in fp32);
+# in bf16 also only up to this many output elements: its 32-column blocks stream every token tile,
+# and at V3's 32,768 columns and 64 tokens step 6 is faster.
+DECODE_TOKENS = {torch.bfloat16: 64, torch.float32: 128}
+DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
+SLACK = 1.10  # a chosen step may be this much slower than the fastest: run-to-run spread, untuned edges
+RULES_FROM = "h100_80gb_hbm3"
+
+
+@functools.cache
+def _kernel(number: int) -> steps.Kernel:
+    return steps.load(number)
+
+
+def _on_hopper(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor) -> int:
+    """The step number `project` runs for these inputs (on their GPU)."""
+    tokens = hidden.numel() // hidden.shape[-1] if hidden.dim() else 0
+    rank = w_down.shape[-1]
+    if rank > 640:
+        return 1  # only the first steps take latent widths past 640
+    if rank > 512:
+        return 4
+    if not _on_hopper(hidden.device):
+        return 5 if hidden.dtype == torch.bfloat16 else 4
+    if _kernel(8).takes_fast_path(hidden, w_down, w_up_k, w_up_v):
+        return 8  # the toy's widths: every operand fits one block
+    outputs = DECODE_OUTPUTS.get(hidden.dtype)
+    if tokens <= DECODE_TOKENS.get(hidden.dtype, 0) and (outputs is None or tokens * 2 * w_up_k.shape[-1] <= outputs):
+        return 11
+    return 6 if hidden.dtype == torch.bfloat16 else 10
+
+
+def project(
+    hidden: torch.Tensor,
+    w_down: torch.Tensor,
+    w_up_k: torch.Tensor,
+    w_up_v: torch.Tensor,
+    heads: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The stacked (B, S, 2, H, hd) projection by the course's fastest step for these inputs."""
+    build.require_gpu()
+    return _kernel(choose(hidden, w_down, w_up_k, w_up_v))(hidden, w_down, w_up_k, w_up_v, heads, out=out)
+
+
+# The harness may hand it a NaN-poisoned output, and holds fp32 to fp32's tolerance.
+project.writes_into_out = True
+project.fp32_math = "fp32"
+NAME = "mla_lab.project"

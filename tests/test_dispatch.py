@@ -1,0 +1,34 @@
+"""`mla_lab.project`'s rules against the sweep they were read from: at every point of the newest
+sweep of that device, the step it ran is the fastest course step there, or within dispatch.SLACK.
+fp32 points compare only steps that keep fp32's accuracy (project never trades it for speed)."""
+
+import pytest
+
+from mla_lab import dispatch, sweep
+
+SWEEP_PATHS = sorted(sweep.RESULTS_DIR.glob(f"{dispatch.RULES_FROM}.json"))
+
+
+@pytest.mark.skipif(not SWEEP_PATHS, reason=f"no results/{dispatch.RULES_FROM}.json in this checkout")
+def test_the_dispatcher_runs_the_fastest_step_at_every_point_of_its_sweep():
+    record = sweep.Sweep.load(SWEEP_PATHS[0])
+    ratios = sweep.dispatcher_ratios(record)
+    assert len(ratios) == len(sweep.SHAPES) * len(sweep.DTYPES), "the sweep has no project result at some point"
+    slow = []
+    for _, result in ratios:
+        best = sweep.best_step(record, result.shape, result.dtype, "graph", "fp32" if result.dtype == "fp32" else None)
+        if result.median_us > dispatch.SLACK * best.median_us:
+            slow.append(f"{result.shape} {result.dtype}: project {result.median_us:.1f} µs, {best.name} {best.median_us:.1f}")
+    assert not slow, "mla_lab.project is slower than the fastest step at: " + "; ".join(slow)
+
+
+def test_the_dispatcher_asks_for_a_gpu_in_one_line_without_one():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    from mla_lab import TOY, make_inputs
+
+    with pytest.raises(Exception) as error:
+        dispatch.project(*make_inputs(TOY), TOY.heads)
+    assert "\n" not in str(error.value) and "GPU" in str(error.value)
