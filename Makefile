@@ -1,7 +1,7 @@
 # Each target is one line of real work; see README.md.
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
-.PHONY: setup lab test gpu-check gpu-validate gpu-results sass exercises notebooks bench results
+.PHONY: setup lab test gpu-check gpu-validate gpu-lane gpu-results sass exercises notebooks bench results
 
 .venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once: torch, then nvcc's wheels of torch's CUDA
 	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && .venv/bin/python -m mla_lab toolkit install && touch $@
@@ -17,10 +17,13 @@ test: setup  # CPU tests, every .cu compiled with nvcc, nbval over the notebooks
 gpu-check:  # on a GPU machine, the whole validation (build, check, GPU tests, grader, sanitizers, bench, notebooks, nbval), ending with a table
 	$(PYTHON) -m mla_lab gpu-check
 
-gpu-validate:  # its first half: every step checked, the GPU tests, the grader over solutions and stubs, compute-sanitizer's four tools
+gpu-validate:  # its first part: every step checked, the GPU tests, the grader over solutions and stubs, compute-sanitizer's four tools
 	$(PYTHON) -m mla_lab gpu-check validate
 
-gpu-results:  # its second half: the sweep into results/, the README table and plots, every notebook executed, nbval
+gpu-lane:  # the sanitizer lane (python -m mla_lab grade exNN --sanitize) over every solution and every stub
+	$(PYTHON) -m mla_lab gpu-check lane
+
+gpu-results:  # its last part: the sweep into results/, the README table and plots, every notebook executed, nbval
 	$(PYTHON) -m mla_lab gpu-check results
 
 sass:  # each step's machine code against another commit's (REV=HEAD by default): what a change left as it was

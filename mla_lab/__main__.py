@@ -50,6 +50,12 @@ def grade(args: argparse.Namespace) -> int:
     from .grade import grade as grade_one
 
     names = [s.exercise for s in steps.exercises()] if args.all else args.exercises
+    if args.sanitize:
+        from .sanitize import sanitize
+
+        runs = [sanitize(name, args.variant) for name in names]
+        expected = "not implemented" if args.expect_stubs else "clean"
+        return 0 if all(r.status == expected for tools in runs for r in tools) else 1
     results = [grade_one(name, args.variant) for name in names]
     expected = "not implemented" if args.expect_stubs else "correct"
     return 0 if all(r.status in (expected, "needs hopper") for r in results) else 1  # Hopper's own, elsewhere
@@ -78,6 +84,11 @@ def bench(args: argparse.Namespace) -> int:
     from . import build, sweep
 
     build.require_gpu()
+    if args.compare:
+        from . import compare
+
+        print(compare.run("solution" if args.solutions else "exercise"))
+        return 0
     command = args.command_line or " ".join(["python -m mla_lab", *sys.argv[1:]])
     record = sweep.run(
         args.steps or None, args.shapes or None, args.dtypes, args.modes,
@@ -194,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true", help="every exercise")
     p.add_argument("--variant", choices=["exercise", "solution"], default=None)
     p.add_argument("--expect-stubs", action="store_true", help="succeed only if all are unfilled stubs")
+    p.add_argument("--sanitize", action="store_true",
+                   help="run compute-sanitizer's memcheck, racecheck, synccheck and initcheck instead (GPU)")
     p.set_defaults(run=grade)
 
     p = sub.add_parser("hint", help="a hint for an exercise: 1 the idea, 2 the skeleton, 3 one part's solution")
@@ -215,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile peer")
     p.add_argument("--no-peers", action="store_true", help="time the steps only")
     p.add_argument("--out", help="JSON file to write (default: results/<device>.json)")
+    p.add_argument("--compare", action="store_true",
+                   help="your exercises at a few points beside the stored run of this GPU: is a difference the GPU or the kernel?")
+    p.add_argument("--solutions", action="store_true", help="with --compare: the solutions instead of your files")
     p.add_argument("--command-line", help=argparse.SUPPRESS)
     p.set_defaults(run=bench)
 
@@ -229,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=sass)
 
     p = sub.add_parser("gpu-check", help="the whole GPU validation, ending with a table (GPU; see mla_lab/gpu_check.py)")
-    p.add_argument("parts", nargs="*", choices=["validate", "results"], help="default: both")
+    p.add_argument("parts", nargs="*", choices=["validate", "lane", "results"], help="default: all three")
     p.add_argument("--only", nargs="*", metavar="STAGE", help="only these stages (the names in the table)")
     p.set_defaults(run=gpu_check)
 

@@ -1,12 +1,14 @@
 """The whole GPU validation in two parts, each sized for one sitting of under ten minutes on an H200,
 ending with a short table: what ran, whether it passed, how long it took, its last line.
 
-  validate  every step checked on the shape matrix, the GPU tests, the grader over every solution
-            (correct) and every stub (not implemented yet), compute-sanitizer's four tools
+  validate  every step checked on the shape matrix, the GPU tests (the known-wrong kernels of
+            tests/wrong_kernels/ among them), the grader over every solution (correct) and every
+            stub (not implemented yet), compute-sanitizer's four tools
+  lane      the sanitizer lane a learner runs (`grade exNN --sanitize`) over every solution and stub
   results   the benchmark sweep into results/<device>.json, the README table and plots, every
             notebook executed in place, then nbval over the notebooks
 
-`make gpu-check` runs both; `make gpu-validate` and `make gpu-results` one each, and
+`make gpu-check` runs all three; `make gpu-validate`, `make gpu-lane` and `make gpu-results` one each, and
 `python -m mla_lab gpu-check --only STAGE ...` the stages named. Logs go to $MLA_LAB_LOGS
 (default build/gpu-check/), one file per stage.
 """
@@ -46,6 +48,12 @@ PARTS = {
                        "--error-exitcode", "1", *MLA, "check", "--quick", *steps], {})
           for tool, steps in (("memcheck", ALL_STEPS), ("initcheck", ALL_STEPS), ("racecheck", NOT_STEP_6),
                               ("synccheck", NOT_STEP_6))),
+    ],
+    # The sanitizer lane as a learner runs it (python -m mla_lab grade exNN --sanitize), over every
+    # solution, then over the stubs (each answers "not implemented yet").
+    "lane": [
+        ("lane-solutions", MLA + ["grade", "--all", "--sanitize", "--variant", "solution"], {}),
+        ("lane-stubs", MLA + ["grade", "--all", "--sanitize", "--variant", "exercise", "--expect-stubs"], {}),
     ],
     "results": [
         ("bench", MLA + ["bench", "--command-line", "make gpu-results"], {}),

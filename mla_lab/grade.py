@@ -6,17 +6,27 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import bench, build, check, exercises, steps
+from . import bench, build, check, exercises, fair_play, steps, sweep
 from .problem import TOY, Shape, make_inputs
 
 DTYPES = (torch.float32, torch.bfloat16)
 TIMING_SHAPE = TOY
+# Every exercise is timed at the toy, and those whose idea pays only at size also at the sweep
+# point their idea is for: tiling and copies in flight at V2-Lite's prefill in fp32, tensor cores
+# and Hopper's at the same in bf16, the decode step at one decode token.
+# The step an exercise is timed beside: the one before it, except where the step before is built
+# for other inputs (step 10 is fp32 prefill; decode's rival is step 6).
+BASELINE_STEPS = {11: 6}
+IDEA_POINTS = {3: "v2_lite@4096 fp32", 4: "v2_lite@4096 fp32", 5: "v2_lite@4096 bf16", 6: "v2_lite@4096 bf16",
+               11: "v2_lite@1 bf16"}
 
 
 @dataclass
 class GradeResult:
     exercise: str
-    status: str  # "correct", "wrong", "not implemented", "build failed", "no gpu", "needs hopper"
+    # "correct", "wrong", "breaks a rule" (mla_lab.fair_play), "not implemented", "build failed",
+    # "no gpu", "needs hopper"
+    status: str
     line: str
     verdicts: list[check.Verdict] = field(default_factory=list)
     timings: list[bench.Timing] = field(default_factory=list)
@@ -47,12 +57,54 @@ def grade(
     source = step.source(variant)
     shown = source.relative_to(steps.REPO) if source.is_relative_to(steps.REPO) else source
     name = f"{step.exercise} ({shown})"
-    result = _grade(step, variant, source, name, shapes)
+    return _report(_grade(step, variant, source, name, shapes), quiet)
+
+
+def grade_file(path, exercise: str, shapes: tuple[Shape, ...] = check.SHAPE_MATRIX, quiet: bool = False) -> GradeResult:
+    """Grade any .cu file as if it were the learner's file of `exercise` (tests/wrong_kernels/ uses it)."""
+    from pathlib import Path
+
+    path = Path(path).resolve()
+    step = steps.get(exercise)
+    shown = path.relative_to(steps.REPO) if path.is_relative_to(steps.REPO) else path
+    return _report(_grade(step, "exercise", path, f"{step.exercise} ({shown})", shapes), quiet)
+
+
+def _report(result: GradeResult, quiet: bool) -> GradeResult:
     if not quiet:
         print(result.line)
         for verdict in [v for v in result.verdicts if not v.ok][:5]:
             print(f"  {verdict}")
     return result
+
+
+def _load(step: steps.Step, variant: str, source) -> steps.Kernel:
+    """The step's own file through the registry; any other file built as its own library."""
+    if source == step.source(variant):
+        return steps.load(step, variant)
+    library = build.build_step(source, f"mla_graded_{source.stem}", step.arch_flags, step.defines)
+    return steps.Kernel(step, source, library)
+
+
+def _stored_ceilings() -> dict[str, float] | None:
+    """The ceilings a committed sweep measured on this GPU model, for the roofline floor."""
+    name = torch.cuda.get_device_name()
+    for path in sweep.committed_sweeps():
+        record = sweep.Sweep.load(path)
+        if record.meta.get("device") == name:
+            return record.meta.get("ceilings")
+    return None
+
+
+def _rule_broken(kernel: steps.Kernel, dtype: torch.dtype) -> str | None:
+    for problem in (
+        *(fair_play.inputs_untouched(kernel, TIMING_SHAPE, d, "cuda") for d in DTYPES),
+        fair_play.output_not_carried_over(kernel, TIMING_SHAPE, dtype, "cuda"),
+        fair_play.on_current_stream(kernel, TIMING_SHAPE, dtype),
+    ):
+        if problem:
+            return problem
+    return None
 
 
 def _compiled_only(step: steps.Step, source, name: str, status: str, why: str) -> GradeResult:
@@ -82,28 +134,34 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
                               f"{torch.cuda.get_device_name()} step {step.fallback}'s kernel would run instead: "
                               "nothing of yours to check or time here")
     try:
-        kernel = steps.load(step, variant)
+        kernel = _load(step, variant, source)
     except build.BuildError as error:
         return GradeResult(step.exercise, "build failed", f"{name}: {error}")
 
     verdicts = check.check_matrix(kernel, "cuda", shapes, DTYPES)
     failed = [v for v in verdicts if not v.ok]
     if failed:
+        smallest = min(failed, key=lambda v: v.shape.flops())
         return GradeResult(
             step.exercise,
             "wrong",
-            f"{name}: wrong on {len(failed)} of {len(verdicts)} checks; the smallest: "
-            f"{min(failed, key=lambda v: v.shape.flops())}",
+            f"{name}: wrong on {len(failed)} of {len(verdicts)} checks; the smallest: {smallest}"
+            f"{fair_play.precision_note(smallest.dtype, smallest.rel_error, kernel.fp32_math)}",
             verdicts,
         )
 
     contenders = {step.label: kernel}
-    previous = next((s for s in steps.STEPS if s.number == step.number - 1), None)
+    previous = next((s for s in steps.STEPS if s.number == BASELINE_STEPS.get(step.number, step.number - 1)), None)
     if previous is not None:
         contenders[previous.label] = steps.load(previous, "solution")
-    # Timed in the first dtype the learner's own kernel takes at the toy (step 6 runs bf16 only;
-    # in fp32 its fallback's kernel would be timed instead).
-    dtype = next((d for d in DTYPES if kernel.takes_fast_path(*make_inputs(TIMING_SHAPE, d, "cuda", 0))), DTYPES[0])
+    # Timed at the toy in the dtype of the step's idea point, else the first the learner's own
+    # kernel takes there (step 6 runs bf16 only; in fp32 its fallback's kernel would be timed).
+    idea = IDEA_POINTS.get(step.number)
+    preferred = sorted(DTYPES, key=lambda d: idea is None or bench.dtype_label(d) != idea.split()[1])
+    dtype = next((d for d in preferred if kernel.takes_fast_path(*make_inputs(TIMING_SHAPE, d, "cuda", 0))), DTYPES[0])
+    broken = _rule_broken(kernel, dtype)
+    if broken:
+        return GradeResult(step.exercise, "breaks a rule", f"{name}: correct on every shape, but it {broken}", verdicts)
     timings = bench.compare(contenders, TIMING_SHAPE, dtype, "graph")
     # Checked again after hundreds of graph replays: a kernel that is right only on its first
     # call, or only on the inputs it was timed on, fails here.
@@ -115,14 +173,32 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
         dtype: max(v.rel_error for v in verdicts if v.dtype == dtype) for dtype in DTYPES
     }
     by_name = {t.name: t.median_us for t in timings}
-    mine = by_name[step.label]
-    speed = [f"toy {bench.dtype_label(dtype)} {mine:.1f} us"]
-    if previous is not None:
-        speed.append(f"{by_name[previous.label] / mine:.2f}x step {previous.number}")
-    speed.append(f"{by_name['eager'] / mine:.2f}x eager ({by_name['eager']:.1f} us)")
+    ceilings = _stored_ceilings()
+    floor = bench.floor_us(TIMING_SHAPE, dtype, ceilings, step.fp32_tensor_passes) if ceilings else None
+    too_fast = fair_play.faster_than_floor(by_name[step.label], floor)
+    if too_fast:
+        return GradeResult(step.exercise, "breaks a rule", f"{name}: correct on every shape, but it was {too_fast}",
+                           verdicts, timings)
+    speed = [speed_at(f"toy {bench.dtype_label(dtype)}", by_name, step, previous)]
+    if idea is not None:
+        point, idea_dtype = idea.split()
+        idea_timings = bench.compare(contenders, sweep.SHAPES[point], bench.DTYPES[idea_dtype], "graph")
+        timings += idea_timings
+        speed.append(speed_at(idea, {t.name: t.median_us for t in idea_timings}, step, previous))
     errors = ", ".join(f"{worst[d]:.1e} {check.dtype_name(d)}" for d in DTYPES)
     line = (
         f"{name}: correct on {len(shapes)}/{len(shapes)} shapes x fp32 and bf16 "
-        f"(worst rel. error {errors}); {', '.join(speed)} [{torch.cuda.get_device_name()}]"
+        f"(worst rel. error {errors}); {'; '.join(speed)} [{torch.cuda.get_device_name()}]"
     )
     return GradeResult(step.exercise, "correct", line, verdicts, timings)
+
+
+def speed_at(point: str, by_name: dict[str, float], step: steps.Step, previous: steps.Step | None) -> str:
+    """"toy fp32 42.3 us, 0.41x step 2, 0.50x eager (21.1 us)": the learner's time at one point,
+    against the step before and eager timed beside it."""
+    mine = by_name[step.label]
+    parts = [f"{point} {mine:,.1f} us"]
+    if previous is not None:
+        parts.append(f"{by_name[previous.label] / mine:.2f}x step {previous.number}")
+    parts.append(f"{by_name['eager'] / mine:.2f}x eager ({by_name['eager']:,.1f} us)")
+    return ", ".join(parts)

@@ -115,7 +115,47 @@ def device_meta(command: str, ceilings: dict[str, float]) -> dict:
         "sources": sources_fingerprint(),
         "fingerprint": fingerprint.current(),
         "ceilings": ceilings,
+        "cublas": cublas_version(),
+        "gpu_state": gpu_state(),
+        "l2_policy": "inputs rotated through enough sets to exceed the L2 where one set fits in it "
+                     "(mla_lab.bench.input_sets); spread per number: p10_us and p90_us",
     }
+
+
+def cublas_version() -> str:
+    """The cuBLAS that torch loaded, as major.minor.patch, or "unknown"."""
+    import ctypes
+
+    torch.cuda.current_blas_handle()  # loads cuBLAS if nothing has yet
+    for name in (f"libcublas.so.{torch.version.cuda.split('.')[0]}", "libcublas.so"):
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        parts = []
+        for kind in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            if library.cublasGetProperty(kind, ctypes.byref(value)) != 0:
+                break
+            parts.append(str(value.value))
+        if len(parts) == 3:
+            return ".".join(parts)
+    return "unknown"
+
+
+GPU_STATE_FIELDS = ("clocks.sm", "clocks.mem", "clocks.max.sm", "temperature.gpu", "power.draw", "power.limit",
+                    "clocks_event_reasons.active")
+
+
+def gpu_state() -> dict[str, str]:
+    """Clocks, temperature and power when the sweep started (nvidia-smi), or {} where it cannot say."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_STATE_FIELDS)}", "--format=csv,noheader",
+                              "-i", str(torch.cuda.current_device())], capture_output=True, text=True, timeout=30)
+        values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return {}
+    return dict(zip(GPU_STATE_FIELDS, values)) if len(values) == len(GPU_STATE_FIELDS) else {}
 
 
 def device_slug(name: str) -> str:
