@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import bench, build, check, exercises, fair_play, steps, sweep
-from .problem import TOY, Shape, make_inputs
+from . import bench, build, check, exercises, failure_map, fair_play, steps, sweep, writers
+from .problem import TOY, Shape, make_inputs, oracle
 
 DTYPES = (torch.float32, torch.bfloat16)
 TIMING_SHAPE = TOY
@@ -86,6 +86,19 @@ def _load(step: steps.Step, variant: str, source) -> steps.Kernel:
     return steps.Kernel(step, source, library)
 
 
+def _threads_of_wrong(step: steps.Step, kernel: steps.Kernel, verdict: check.Verdict) -> str:
+    """For a step whose launch geometry mla_lab.writers knows: which threads wrote the wrong
+    elements of a fresh run at the failing shape."""
+    if step.number not in writers.THREADS:
+        return ""
+    inputs = make_inputs(verdict.shape, verdict.dtype, "cuda", seed=7)
+    out = torch.full(verdict.shape.out_shape, float("nan"), dtype=verdict.dtype, device="cuda")
+    kernel(*inputs, verdict.shape.heads, out=out)
+    mask = failure_map.wrong_elements(out, oracle(inputs, verdict.shape.heads), check.tolerance(kernel, verdict.dtype))
+    where = writers.written_by(step.number, mask.cpu(), verdict.shape)
+    return f"; {where}" if where else ""
+
+
 def _stored_ceilings() -> dict[str, float] | None:
     """The ceilings a committed sweep measured on this GPU model, for the roofline floor."""
     name = torch.cuda.get_device_name()
@@ -146,6 +159,7 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
             step.exercise,
             "wrong",
             f"{name}: wrong on {len(failed)} of {len(verdicts)} checks; the smallest: {smallest}"
+            f"{_threads_of_wrong(step, kernel, smallest)}"
             f"{fair_play.precision_note(smallest.dtype, smallest.rel_error, kernel.fp32_math)}",
             verdicts,
         )
