@@ -1,7 +1,7 @@
 # Each target is one line of real work; see README.md.
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
-.PHONY: setup lab test gpu-check gpu-validate gpu-lane gpu-results sass exercises notebooks bench results
+.PHONY: setup lab test gpu-check gpu-validate gpu-lane gpu-results profile sass exercises notebooks bench results
 
 .venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once: torch, then nvcc's wheels of torch's CUDA
 	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && .venv/bin/python -m mla_lab toolkit install && touch $@
@@ -25,6 +25,9 @@ gpu-lane:  # the sanitizer lane (python -m mla_lab grade exNN --sanitize) over e
 
 gpu-results:  # its last part: the sweep into results/, the README table and plots, every notebook executed, nbval
 	$(PYTHON) -m mla_lab gpu-check results
+
+profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096, both dtypes, into results/profiles/
+	$(PYTHON) -m mla_lab profile
 
 sass:  # each step's machine code against another commit's (REV=HEAD by default): what a change left as it was
 	$(PYTHON) -m mla_lab sass --against $(or $(REV),HEAD)

@@ -61,6 +61,35 @@ def grade(args: argparse.Namespace) -> int:
     return 0 if all(r.status in (expected, "needs hopper") for r in results) else 1  # Hopper's own, elsewhere
 
 
+def profile(args: argparse.Namespace) -> int:
+    from . import profile as profiles
+
+    if args.one_call:
+        step, point = args.one_call
+        profiles.one_call(int(step), point, args.variant)
+        return 0
+    from . import build
+
+    if not args.exercise:
+        build.require_gpu()
+        print(f"wrote {profiles.run_all()}")
+        return 0
+    from . import steps
+    from .grade import IDEA_POINTS
+
+    step = steps.get(args.exercise)
+    point = IDEA_POINTS.get(step.number, "toy bf16")
+    problem = build.run_problem()
+    try:
+        if problem:
+            raise RuntimeError(problem)
+        print(f"{step.exercise} (yours) at {point}: {profiles.profile_call(step.number, point, 'exercise')}")
+    except RuntimeError as why:
+        print(f"{step.exercise}: no profile of yours here: {why}")
+    print(profiles.show(step.number, point))
+    return 0
+
+
 def hint(args: argparse.Namespace) -> int:
     from .hints import hint as show
 
@@ -208,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sanitize", action="store_true",
                    help="run compute-sanitizer's memcheck, racecheck, synccheck and initcheck instead (GPU)")
     p.set_defaults(run=grade)
+
+    p = sub.add_parser("profile", help="Nsight Compute profiles: every step into results/profiles/ (make profile), or one exercise (GPU)")
+    p.add_argument("exercise", nargs="?", help="e.g. ex05: your kernel, where counters can be read, beside the stored one")
+    p.add_argument("--variant", default="solution", choices=["solution", "exercise"], help=argparse.SUPPRESS)
+    p.add_argument("--one-call", nargs=2, metavar=("STEP", "POINT"), help=argparse.SUPPRESS)
+    p.set_defaults(run=profile)
 
     p = sub.add_parser("hint", help="a hint for an exercise: 1 the idea, 2 the skeleton, 3 one part's solution")
     p.add_argument("exercise", help="e.g. ex05")

@@ -218,10 +218,15 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
             contenders[step.label] = kernel
             continue
         skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
+    chosen = dispatch.choose(*probe[:4])
     del probe
     contenders[dispatch.NAME] = dispatch.project
-    return skipped + bench.measure(contenders, shape, dtype, peers, modes, seed, budget_s, rotate_inputs=True,
-                                   ceilings=ceilings, compiled=compiled, shape_name=shape_name)
+    results = bench.measure(contenders, shape, dtype, peers, modes, seed, budget_s, rotate_inputs=True,
+                            ceilings=ceilings, compiled=compiled, shape_name=shape_name)
+    for r in results:
+        if r.name == dispatch.NAME and r.status == "ok":
+            r.note = f"ran {steps.get(chosen).label}"
+    return skipped + results
 
 
 # ---- the README table, from the JSON ------------------------------------------------------
@@ -314,8 +319,9 @@ def dispatcher_ratios(sweep: Sweep, mode: str = "graph") -> list[tuple[float, Re
 
 def dispatcher_table(sweep: Sweep, mode: str = "graph") -> str:
     """`mla_lab.project` at every point of the sweep: its µs beside eager's and cuBLAS's."""
-    lines = [f"{'point':22}{'project µs':>12}{'eager µs':>10}{'cuBLAS µs':>11}{'vs cuBLAS':>11}"]
     by_point = {(r.shape, r.dtype): r for _, r in dispatcher_ratios(sweep, mode)}
+    ran = any(r.note for r in by_point.values())  # sweeps since the note was recorded say which step ran
+    lines = [f"{'point':22}{'project µs':>12}{'eager µs':>10}{'cuBLAS µs':>11}{'vs cuBLAS':>11}" + ("  step it ran" if ran else "")]
     for shape in SHAPES:
         for dtype in DTYPES:
             r = by_point.get((shape, dtype))
@@ -323,7 +329,8 @@ def dispatcher_table(sweep: Sweep, mode: str = "graph") -> str:
                 continue
             eager, cublas = sweep.find("eager", shape, dtype, mode), sweep.find("cuBLAS concat", shape, dtype, mode)
             lines.append(f"{shape + ' ' + dtype:22}{r.median_us:>12,.1f}{eager.median_us:>10,.1f}"
-                         f"{cublas.median_us:>11,.1f}{cublas.median_us / r.median_us:>10.2f}x")
+                         f"{cublas.median_us:>11,.1f}{cublas.median_us / r.median_us:>10.2f}x"
+                         + (f"  {r.note.removeprefix('ran ')}" if ran else ""))
     return "\n".join(lines)
 
 

@@ -32,3 +32,15 @@ def test_the_dispatcher_asks_for_a_gpu_in_one_line_without_one():
     with pytest.raises(Exception) as error:
         dispatch.project(*make_inputs(TOY), TOY.heads)
     assert "\n" not in str(error.value) and "GPU" in str(error.value)
+
+
+def test_the_dispatcher_table_names_the_step_it_ran_once_sweeps_record_it():
+    import copy
+
+    record = copy.deepcopy(sweep.newest())
+    assert "step it ran" not in sweep.dispatcher_table(record).splitlines()[0]
+    for r in record.results:
+        if r.name == dispatch.NAME and r.status == "ok":
+            r.note = "ran step 11 (decode)"
+    lines = sweep.dispatcher_table(record).splitlines()
+    assert lines[0].endswith("step it ran") and all(line.endswith("step 11 (decode)") for line in lines[1:])

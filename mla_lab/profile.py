@@ -1,0 +1,209 @@
+"""Stored profiles: Nsight Compute's view of every step, kept in results/ for machines that cannot
+read hardware counters (most rented GPUs refuse them: ERR_NVGPUCTRPERM) or have no GPU.
+
+    make profile                    every step at the toy and at V2-Lite 4096 tokens, both dtypes,
+                                    into results/profiles/<device>.json (GPU, ncu)
+    python -m mla_lab profile ex05  your kernel, where counters can be read; then the stored one
+
+A step's call may launch several kernels (step 11: two; steps 9 and 10: a transpose, then two
+GEMMs): times and bytes are summed over them, rates weighted by each kernel's time, registers and
+shared memory the largest. `moved` says in one sentence what changed from one step to the next.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import steps
+
+PROFILES_DIR = steps.REPO / "results" / "profiles"  # beside the sweeps, not among them
+POINTS = ("toy fp32", "toy bf16", "v2_lite@4096 fp32", "v2_lite@4096 bf16")
+
+# summary field: (ncu metric, how kernels of one call combine: "sum", "max" or "time-weighted")
+METRICS = {
+    "duration_us": ("gpu__time_duration.sum", "sum"),
+    "dram_read_bytes": ("dram__bytes_read.sum", "sum"),
+    "dram_write_bytes": ("dram__bytes_write.sum", "sum"),
+    "l2_hit_pct": ("lts__t_sector_hit_rate.pct", "time-weighted"),
+    "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", "time-weighted"),
+    "registers": ("launch__registers_per_thread", "max"),
+    "shared_bytes": ("launch__shared_mem_per_block_dynamic", "max"),
+    "tensor_pipe_pct": ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "time-weighted"),
+    "fma_pipe_pct": ("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active", "time-weighted"),
+    "bank_conflicts": ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum", "sum"),
+}
+STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle", "math_pipe_throttle", "wait",
+          "lg_throttle", "not_selected", "membar", "dispatch_stall")
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1024.0, "MB": 1024.0**2}
+
+
+def metric_names() -> list[str]:
+    return [metric for metric, _ in METRICS.values()] + [STALL_METRIC.format(s) for s in STALLS]
+
+
+def value_of(text: str, unit: str) -> float:
+    """A CSV value in the summary's units: µs for times, bytes for sizes ("1,234.5" and "Kbyte" alike)."""
+    number = float(text.replace(",", "")) if text.strip() not in ("", "n/a") else 0.0
+    base = unit.split("/")[0]  # "Kbyte/block" is bytes per block
+    return number * _UNITS.get(base, 1.0)
+
+
+def parse(csv_text: str) -> list[dict[str, float]]:
+    """ncu --csv's long format (a row per kernel and metric) as one {metric: value} per kernel, in launch order."""
+    rows = [line for line in csv_text.splitlines() if line.startswith('"')]  # ncu's own lines start with ==PROF==
+    kernels: dict[str, dict[str, float]] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(rows))):
+        kernels.setdefault(row["ID"], {})[row["Metric Name"]] = value_of(row["Metric Value"], row.get("Metric Unit", ""))
+    return [kernels[k] for k in sorted(kernels, key=int)]
+
+
+def summarize(kernels: list[dict[str, float]]) -> dict[str, float]:
+    """One call's profile from its kernels' metrics (see the module's docstring for how they combine)."""
+    times = [k.get(METRICS["duration_us"][0], 0.0) for k in kernels]
+    total = sum(times) or 1.0
+    summary: dict[str, float] = {"kernels": float(len(kernels))}
+    for field, (metric, how) in METRICS.items():
+        values = [k.get(metric, 0.0) for k in kernels]
+        if how == "sum":
+            summary[field] = sum(values)
+        elif how == "max":
+            summary[field] = max(values, default=0.0)
+        else:
+            summary[field] = sum(v * t for v, t in zip(values, times)) / total
+    stalls = {s: sum(k.get(STALL_METRIC.format(s), 0.0) * t for k, t in zip(kernels, times)) / total for s in STALLS}
+    for name, value in sorted(stalls.items(), key=lambda item: -item[1])[:3]:
+        summary[f"stall {name}"] = value
+    return summary
+
+
+def _ratio_phrase(name: str, before: float, after: float, fewer: str, more: str) -> str | None:
+    if before <= 0 or after <= 0:
+        return None
+    ratio = after / before
+    if 0.8 <= ratio <= 1.25:
+        return None
+    return f"{name} {1 / ratio:.1f}x {fewer}" if ratio < 1 else f"{name} {ratio:.1f}x {more}"
+
+
+def moved(before: dict[str, float], after: dict[str, float]) -> str:
+    """One sentence on what changed most between two profiles ("DRAM reads 8.1x fewer, the tensor
+    pipe from 0 to 61 %"), or that little did."""
+    phrases = [
+        _ratio_phrase("time", before["duration_us"], after["duration_us"], "shorter", "longer"),
+        _ratio_phrase("DRAM reads", before["dram_read_bytes"], after["dram_read_bytes"], "fewer", "more"),
+        _ratio_phrase("shared-memory bank conflicts", before["bank_conflicts"], after["bank_conflicts"], "fewer", "more"),
+    ]
+    for field, name in (("tensor_pipe_pct", "the tensor pipe"), ("fma_pipe_pct", "the FMA pipe"),
+                        ("occupancy_pct", "occupancy")):
+        if abs(after[field] - before[field]) >= 10:
+            phrases.append(f"{name} from {before[field]:.0f} to {after[field]:.0f} %")
+    said = [p for p in phrases if p]
+    return ", ".join(said) if said else "no counter moved by more than a quarter"
+
+
+def stored_path(device_slug: str) -> Path:
+    return PROFILES_DIR / f"{device_slug}.json"
+
+
+def ncu() -> str | None:
+    found = shutil.which("ncu")
+    for candidate in ([found] if found else []) + sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu")) + \
+            [Path("/usr/local/cuda/bin/ncu")]:
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    return None
+
+
+def why_not(output: str) -> str:
+    """ncu's refusal in one line, with what it means."""
+    if "ERR_NVGPUCTRPERM" in output:
+        return ("this GPU refuses its performance counters to this user (ERR_NVGPUCTRPERM), as rented and "
+                "cloud GPUs usually do")
+    if "LibraryNotLoaded" in output:
+        return "Nsight Compute cannot load its profiler library here (a sandboxed runtime)"
+    last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
+    return f"ncu failed: {last[0][:160]}"
+
+
+def profile_call(step: int, point: str, variant: str = "solution") -> dict[str, float]:
+    """One call of a step at one sweep point under ncu: its summary. Raises RuntimeError(why) if
+    the counters cannot be read here."""
+    tool = ncu()
+    if tool is None:
+        raise RuntimeError("Nsight Compute (ncu) is not installed here")
+    command = [tool, "--csv", "--clock-control", "none", "--profile-from-start", "off",
+               "--metrics", ",".join(metric_names()), sys.executable, "-m", "mla_lab", "profile", "--one-call",
+               str(step), point, "--variant", variant]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(steps.REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, capture_output=True, text=True, cwd=steps.REPO, env=env, timeout=600)
+    kernels = parse(done.stdout)
+    if done.returncode != 0 or not kernels:
+        raise RuntimeError(why_not(done.stdout + done.stderr))
+    return summarize(kernels)
+
+
+def one_call(step: int, point: str, variant: str) -> None:
+    """The child ncu watches: build and warm up, then exactly one call inside the profiled range."""
+    import torch
+
+    from . import sweep
+    from .problem import make_inputs
+
+    shape_name, dtype_name = point.split()
+    shape = sweep.SHAPES[shape_name]
+    kernel = steps.load(step, variant)
+    inputs = make_inputs(shape, sweep.DTYPES[dtype_name], "cuda", 0)
+    kernel(*inputs, shape.heads)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    kernel(*inputs, shape.heads)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def run_all() -> Path:
+    """`make profile`: every step at every point, into results/profiles/<device>.json."""
+    import torch
+
+    from . import sweep
+
+    device = torch.cuda.get_device_name()
+    stored: dict[str, dict[str, dict[str, float] | str]] = {}
+    for step in steps.STEPS:
+        for point in POINTS:
+            try:
+                stored.setdefault(step.label, {})[point] = profile_call(step.number, point)
+            except RuntimeError as why:
+                stored.setdefault(step.label, {})[point] = str(why)
+            print(f"{step.label} {point}: {stored[step.label][point]}", flush=True)
+    path = stored_path(sweep.device_slug(device))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"device": device, "profiles": stored}, indent=1) + "\n")
+    return path
+
+
+def show(step: int, point: str, device_slug: str | None = None) -> str:
+    """A step's stored profile at one point and what moved from the step before."""
+    paths = [stored_path(device_slug)] if device_slug else sorted(PROFILES_DIR.glob("*.json"))
+    if not paths or not paths[0].exists():
+        return "no stored profiles yet: `make profile` on a GPU whose counters can be read writes them"
+    data = json.loads(paths[0].read_text())
+    label = steps.get(step).label
+    mine = data["profiles"].get(label, {}).get(point)
+    if not isinstance(mine, dict):
+        return f"{label} at {point}: no stored profile ({mine or 'not profiled'})"
+    lines = [f"{label} at {point} ({data['device']}): " + ", ".join(f"{k} {v:,.3g}" for k, v in mine.items())]
+    before = data["profiles"].get(steps.get(step - 1).label, {}).get(point) if step > 1 else None
+    if isinstance(before, dict):
+        lines.append(f"against step {step - 1}: {moved(before, mine)}")
+    return "\n".join(lines)
