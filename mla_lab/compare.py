@@ -74,8 +74,10 @@ def table(rows: list[Row], stored: sweep.Sweep, device: str) -> str:
     return "\n".join(lines)
 
 
-def run(variant: str = "exercise", points: tuple[str, ...] = POINTS) -> str:
-    """Time every exercise that takes each point beside cuBLAS, and set it beside the stored run."""
+def run(variant: str | None = None, points: tuple[str, ...] = POINTS) -> str:
+    """Time every exercise that takes each point beside cuBLAS, and set it beside the stored run
+    (the learner's files unless variant="solution"; MLA_LAB_EXERCISE_SOURCE sets the default)."""
+    variant = variant or steps.exercise_variant()
     device = torch.cuda.get_device_name()
     stored = nearest_sweep(device)
     rows = []

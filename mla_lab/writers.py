@@ -16,7 +16,7 @@ from .problem import Shape
 
 WARP = 32
 # Threads per block of the steps this module knows, and how each lays its threads on the output.
-THREADS = {1: 256, 2: 256}
+THREADS = {1: 256, 2: 256, 3: 256}
 
 
 def thread_ids(step: int, shape: Shape) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -26,8 +26,11 @@ def thread_ids(step: int, shape: Shape) -> tuple[torch.Tensor, torch.Tensor] | N
     flat = torch.arange(shape.tokens * 2 * shape.width).reshape(shape.out_shape)
     if step == 1:  # one thread per element, in order (a grid-stride loop that never wraps at these sizes)
         return flat // THREADS[1], flat % THREADS[1]
-    # step 2: one block per token; its threads take the 2 * width columns in turn
-    return flat // (2 * shape.width), flat % (2 * shape.width) % THREADS[2]
+    token, column = flat // (2 * shape.width), flat % (2 * shape.width)
+    if step == 2:  # one block per token; its threads take the 2 * width columns in turn
+        return token, column % THREADS[2]
+    # step 3: a block owns 32 tokens; warp w holds rows 4w .. 4w + 3 of them, lane l columns l, l + 32, ...
+    return token // 32, token % 32 // 4 * WARP + column % WARP
 
 
 def written_by(step: int, mask: torch.Tensor, shape: Shape) -> str | None:

@@ -26,3 +26,12 @@ def test_one_lane_in_step_2s_column_loop():
 
 def test_a_step_without_a_formula_says_nothing():
     assert writers.written_by(6, torch.ones(TOY.out_shape, dtype=torch.bool), TOY) is None
+
+
+def test_step_3s_warps_hold_rows_and_its_lanes_columns():
+    block, thread = writers.thread_ids(3, TOY)
+    # one row of every token tile, in every column: the rows of warp 2 (tokens 8-11 of each tile)
+    token = torch.arange(TOY.tokens).reshape(TOY.batch, TOY.seq, 1, 1, 1).expand(TOY.out_shape)
+    mask = (token % 32 >= 8) & (token % 32 < 12)
+    assert writers.written_by(3, mask, TOY) == "written by warp 2 of every block, all 32 lanes"
+    assert int(block.max()) == TOY.tokens // 32 - 1
