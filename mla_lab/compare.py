@@ -55,15 +55,6 @@ def verdict(yours_us: float, your_peer_us: float, stored_us: float | None, store
             f"{stored:.2f}x), which no GPU difference explains")
 
 
-def nearest_sweep(device: str) -> sweep.Sweep:
-    """The committed sweep of this GPU model, else the newest."""
-    for path in sweep.committed_sweeps():
-        record = sweep.Sweep.load(path)
-        if record.meta.get("device") == device:
-            return record
-    return sweep.newest()
-
-
 def table(rows: list[Row], stored: sweep.Sweep, device: str) -> str:
     lines = [f"yours: {device}; stored: {stored.meta['device']} ({sweep.sweep_path_for(stored.meta).name}, "
              f"{stored.meta['date'][:10]}); graph mode, median µs",
@@ -79,7 +70,7 @@ def run(variant: str | None = None, points: tuple[str, ...] = POINTS) -> str:
     (the learner's files unless variant="solution"; MLA_LAB_EXERCISE_SOURCE sets the default)."""
     variant = variant or steps.exercise_variant()
     device = torch.cuda.get_device_name()
-    stored = nearest_sweep(device)
+    stored = sweep.of_device(device) or sweep.newest()
     rows = []
     for point in points:
         shape_name, dtype_name = point.split()
@@ -88,8 +79,7 @@ def run(variant: str | None = None, points: tuple[str, ...] = POINTS) -> str:
         kernels = {}
         for step in steps.exercises():
             kernel = steps.load(step, variant)
-            if (step.max_rank is None or shape.rank <= step.max_rank) and kernel.takes_fast_path(*probe) and \
-                    sweep.SLOW_STEP_SECONDS.get(step.number, lambda s, d: 0.0)(shape, dtype_name) <= sweep.MAX_CALL_SECONDS:
+            if sweep.why_not_timed(step, kernel, shape, dtype_name, probe) is None:
                 kernels[step.label] = kernel
         try:
             timings = {t.name: t.median_us for t in bench.compare(kernels, shape, dtype, "graph")}

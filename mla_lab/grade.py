@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -11,12 +12,12 @@ from .problem import TOY, Shape, make_inputs, oracle
 
 DTYPES = (torch.float32, torch.bfloat16)
 TIMING_SHAPE = TOY
-# Every exercise is timed at the toy, and those whose idea pays only at size also at the sweep
-# point their idea is for: tiling and copies in flight at V2-Lite's prefill in fp32, tensor cores
-# and Hopper's at the same in bf16, the decode step at one decode token.
 # The step an exercise is timed beside: the one before it, except where the step before is built
 # for other inputs (step 10 is fp32 prefill; decode's rival is step 6).
 BASELINE_STEPS = {11: 6}
+# Every exercise is timed at the toy, and those whose idea pays only at size also at the sweep
+# point their idea is for: tiling and copies in flight at V2-Lite's prefill in fp32, tensor cores
+# and Hopper's at the same in bf16, the decode step at one decode token.
 IDEA_POINTS = {3: "v2_lite@4096 fp32", 4: "v2_lite@4096 fp32", 5: "v2_lite@4096 bf16", 6: "v2_lite@4096 bf16",
                11: "v2_lite@1 bf16"}
 
@@ -62,8 +63,6 @@ def grade(
 
 def grade_file(path, exercise: str, shapes: tuple[Shape, ...] = check.SHAPE_MATRIX, quiet: bool = False) -> GradeResult:
     """Grade any .cu file as if it were the learner's file of `exercise` (tests/wrong_kernels/ uses it)."""
-    from pathlib import Path
-
     path = Path(path).resolve()
     step = steps.get(exercise)
     shown = path.relative_to(steps.REPO) if path.is_relative_to(steps.REPO) else path
@@ -97,16 +96,6 @@ def _threads_of_wrong(step: steps.Step, kernel: steps.Kernel, verdict: check.Ver
     mask = failure_map.wrong_elements(out, oracle(inputs, verdict.shape.heads), check.tolerance(kernel, verdict.dtype))
     where = writers.written_by(step.number, mask.cpu(), verdict.shape)
     return f"; {where}" if where else ""
-
-
-def _stored_ceilings() -> dict[str, float] | None:
-    """The ceilings a committed sweep measured on this GPU model, for the roofline floor."""
-    name = torch.cuda.get_device_name()
-    for path in sweep.committed_sweeps():
-        record = sweep.Sweep.load(path)
-        if record.meta.get("device") == name:
-            return record.meta.get("ceilings")
-    return None
 
 
 def _rule_broken(kernel: steps.Kernel, dtype: torch.dtype) -> str | None:
@@ -187,7 +176,8 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
         dtype: max(v.rel_error for v in verdicts if v.dtype == dtype) for dtype in DTYPES
     }
     by_name = {t.name: t.median_us for t in timings}
-    ceilings = _stored_ceilings()
+    stored = sweep.of_device(torch.cuda.get_device_name())  # its ceilings give the roofline floor
+    ceilings = stored.meta.get("ceilings") if stored else None
     floor = bench.floor_us(TIMING_SHAPE, dtype, ceilings, step.fp32_tensor_passes) if ceilings else None
     too_fast = fair_play.faster_than_floor(by_name[step.label], floor)
     if too_fast:

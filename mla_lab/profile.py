@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from . import steps
+from .gpu_check import IMPORTABLE
 
 PROFILES_DIR = steps.REPO / "results" / "profiles"  # beside the sweeps, not among them
 POINTS = ("toy fp32", "toy bf16", "v2_lite@4096 fp32", "v2_lite@4096 bf16")
@@ -44,7 +45,7 @@ STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle", "mat
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
 _UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
-          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1024.0, "MB": 1024.0**2}
+          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 
 
 def metric_names() -> list[str]:
@@ -144,8 +145,8 @@ def profile_call(step: int, point: str, variant: str = "solution") -> dict[str, 
     command = [tool, "--csv", "--clock-control", "none", "--profile-from-start", "off",
                "--metrics", ",".join(metric_names()), sys.executable, "-m", "mla_lab", "profile", "--one-call",
                str(step), point, "--variant", variant]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(steps.REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(command, capture_output=True, text=True, cwd=steps.REPO, env=env, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=steps.REPO, env={**os.environ, **IMPORTABLE},
+                          timeout=600)
     kernels = parse(done.stdout)
     if done.returncode != 0 or not kernels:
         raise RuntimeError(why_not(done.stdout + done.stderr))
@@ -172,19 +173,27 @@ def one_call(step: int, point: str, variant: str) -> None:
 
 
 def run_all() -> Path:
-    """`make profile`: every step at every point, into results/profiles/<device>.json."""
+    """`make profile`: every step at every point the sweep times it, into results/profiles/<device>.json."""
     import torch
 
     from . import sweep
+    from .problem import make_inputs
 
     device = torch.cuda.get_device_name()
     stored: dict[str, dict[str, dict[str, float] | str]] = {}
-    for step in steps.STEPS:
-        for point in POINTS:
-            try:
-                stored.setdefault(step.label, {})[point] = profile_call(step.number, point)
-            except RuntimeError as why:
-                stored.setdefault(step.label, {})[point] = str(why)
+    for point in POINTS:
+        shape_name, dtype_name = point.split()
+        shape = sweep.SHAPES[shape_name]
+        probe = make_inputs(shape, sweep.DTYPES[dtype_name], "cuda", 0)
+        for step in steps.STEPS:
+            why = sweep.why_not_timed(step, steps.load(step.number), shape, dtype_name, probe)
+            if why is None:
+                try:
+                    stored.setdefault(step.label, {})[point] = profile_call(step.number, point)
+                except RuntimeError as refused:
+                    why = str(refused)
+            if why is not None:
+                stored.setdefault(step.label, {})[point] = why
             print(f"{step.label} {point}: {stored[step.label][point]}", flush=True)
     path = stored_path(sweep.device_slug(device))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import build, exercises, steps, toolkit
+from .gpu_check import IMPORTABLE
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 SECONDS_PER_TOOL = 180
@@ -69,9 +70,9 @@ def sanitizer() -> str | None:
 def run_tool(tool: str, step: steps.Step, variant: str, seconds: int = SECONDS_PER_TOOL) -> ToolResult:
     command = [sanitizer(), "--tool", tool, "--print-limit", "1", "--error-exitcode", "86", sys.executable, "-m",
                "mla_lab", "check", "--quick", str(step.number), "--variant", variant]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(steps.REPO), os.environ.get("PYTHONPATH")]))}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds, cwd=steps.REPO, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds, cwd=steps.REPO,
+                              env={**os.environ, **IMPORTABLE})
     except subprocess.TimeoutExpired:
         return ToolResult(tool, "timed out", f"{tool}: did not finish in {seconds} s")
     output = done.stdout + done.stderr

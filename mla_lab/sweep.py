@@ -207,18 +207,12 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
     probe = make_inputs(shape, dtype, "cuda", seed)
     for step in chosen_steps:
         kernel = kernels[step.label]
-        estimate = SLOW_STEP_SECONDS.get(step.number, lambda s, dtype: 0.0)(shape, dtype_name)
-        if estimate > MAX_CALL_SECONDS:
-            why = f"about {estimate * 1e3:.0f} ms per call; not timed"
-        elif step.max_rank is not None and shape.rank > step.max_rank:
-            why = f"rank {shape.rank} is past the step's limit"
-        elif not kernel.takes_fast_path(*probe):
-            why = f"runs step {step.fallback}'s kernel here; its own takes {step.fast_path}"
-        else:
+        why = why_not_timed(step, kernel, shape, dtype_name, probe)
+        if why is None:
             contenders[step.label] = kernel
-            continue
-        skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
-    chosen = dispatch.choose(*probe[:4])
+        else:
+            skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
+    chosen = dispatch.choose(*probe)
     del probe
     contenders[dispatch.NAME] = dispatch.project
     results = bench.measure(contenders, shape, dtype, peers, modes, seed, budget_s, rotate_inputs=True,
@@ -227,6 +221,19 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         if r.name == dispatch.NAME and r.status == "ok":
             r.note = f"ran {steps.get(chosen).label}"
     return skipped + results
+
+
+def why_not_timed(step: steps.Step, kernel: steps.Kernel, shape: Shape, dtype_name: str, probe) -> str | None:
+    """Why a step is left out at a point (too slow to time, past its limits, or its fallback's kernel
+    would run), or None: the one rule for the sweep, `bench --compare` and `make profile`."""
+    estimate = SLOW_STEP_SECONDS.get(step.number, lambda s, dtype: 0.0)(shape, dtype_name)
+    if estimate > MAX_CALL_SECONDS:
+        return f"about {estimate * 1e3:.0f} ms per call; not timed"
+    if step.max_rank is not None and shape.rank > step.max_rank:
+        return f"rank {shape.rank} is past the step's limit"
+    if not kernel.takes_fast_path(*probe):
+        return f"runs step {step.fallback}'s kernel here; its own takes {step.fast_path}"
+    return None
 
 
 # ---- the README table, from the JSON ------------------------------------------------------
@@ -441,6 +448,12 @@ def readme_with_table(readme: str, table: str) -> str:
 
 def committed_sweeps() -> list[Path]:
     return sorted(RESULTS_DIR.glob("*.json"))
+
+
+def of_device(device: str) -> Sweep | None:
+    """The committed sweep measured on this GPU model, if there is one."""
+    return next((record for record in map(Sweep.load, committed_sweeps()) if record.meta.get("device") == device),
+                None)
 
 
 def newest(paths: Iterable[Path] | None = None) -> Sweep:

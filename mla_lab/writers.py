@@ -41,14 +41,12 @@ def written_by(step: int, mask: torch.Tensor, shape: Shape) -> str | None:
     block, thread = ids
     warp, lane = thread // WARP, thread % WARP
 
-    def part(values: torch.Tensor, used: torch.Tensor, noun: str, plural: str) -> str:
-        hit = sorted(set(values[mask].tolist()))
-        every = sorted(set(used.flatten().tolist()))
+    def part(values: torch.Tensor, noun: str, plural: str) -> str:
+        hit, every = sorted(set(values[mask].tolist())), sorted(set(values.flatten().tolist()))
         if hit == every:
             return f"all {len(every)} {plural}" if len(every) > 1 else f"the one {noun}"
         return f"{noun if len(hit) == 1 else plural} {ranges(hit)}"
 
-    blocks_with_wrong = set(block[mask].tolist())
-    blocks = ("every block" if blocks_with_wrong == set(block.flatten().tolist())
-              else part(block, block, "block", "blocks"))
-    return f"written by {part(warp, warp, 'warp', 'warps')} of {blocks}, {part(lane, lane, 'lane', 'lanes')}"
+    blocks = part(block, "block", "blocks")
+    blocks = "every block" if blocks.startswith(("all ", "the one ")) else blocks
+    return f"written by {part(warp, 'warp', 'warps')} of {blocks}, {part(lane, 'lane', 'lanes')}"

@@ -79,26 +79,3 @@ def test_an_fp32_error_the_size_of_tf32s_is_named():
     error = float((got.double() - expected).norm() / expected.norm())
     assert "what TF32 gives" in fair_play.precision_note(torch.float32, error, "fp32")
 
-
-def test_the_grader_says_at_which_point_each_ratio_is():
-    from mla_lab import steps, sweep
-    from mla_lab.grade import IDEA_POINTS, speed_at
-
-    line = speed_at("v2_lite@4096 fp32", {"step 4 (vectorized)": 724.4, "step 3 (tiled)": 5009.9, "eager": 599.4},
-                    steps.get(4), steps.get(3))
-    assert line == "v2_lite@4096 fp32 724.4 us, 6.92x step 3, 0.83x eager (599.4 us)"
-    for number, point in IDEA_POINTS.items():
-        shape, dtype = point.split()
-        assert steps.get(number).is_exercise and shape in sweep.SHAPES and dtype in sweep.DTYPES
-
-
-def test_your_run_beside_the_stored_one_tells_the_gpu_from_the_kernel():
-    from mla_lab.compare import verdict
-
-    # a slower GPU: every time 1.5x longer, cuBLAS's too
-    slower_gpu = verdict(yours_us=9.0, your_peer_us=12.0, stored_us=6.0, stored_peer_us=8.0)
-    assert slower_gpu.startswith("the kernel is the stored one's equal") and "0.67x the stored speed" in slower_gpu
-    # the same GPU, a kernel half as fast as the stored one
-    slower_kernel = verdict(yours_us=12.0, your_peer_us=8.0, stored_us=6.0, stored_peer_us=8.0)
-    assert slower_kernel.startswith("the kernel: 50% slower")
-    assert verdict(5.0, 5.0, None, None) == "nothing stored to compare with"
