@@ -68,21 +68,34 @@ def output_not_carried_over(kernel: Callable, shape: Shape, dtype: torch.dtype,
 
 def on_current_stream(kernel: Callable, shape: Shape, dtype: torch.dtype) -> str | None:
     """The kernel runs on torch.cuda.current_stream(): queued behind a long wait on a side stream
-    made current, its output must not appear before the wait ends."""
+    made current, its output must not appear before the wait ends.
+
+    A watcher stream reads the output while the wait runs. Whether that read came before the wait
+    ended is told by two events' timestamps, not by the host's clock: a slow host launch (a first
+    call, a busy CPU) must not pass for a kernel that jumped the queue. A read that came too late to
+    tell is tried again behind a longer wait."""
     inputs = make_inputs(shape, dtype, "cuda", seed=31)
-    out = torch.full(shape.out_shape, float("nan"), dtype=dtype, device="cuda")
-    side = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)  # ~0.1 s at GPU clocks: long past any toy kernel
-        kernel(*inputs, shape.heads, out=out)
-    # The default stream does not wait for `side` (torch's streams are non-blocking), so a copy
-    # on it sees whatever the kernel wrote by now.
-    early = out.isfinite().any().item() if not side.query() else False
-    side.synchronize()
-    if early:
-        return ("wrote its output before the work queued ahead of it on the current stream finished: launch on "
-                "the stream the binding passes (torch.cuda.current_stream()), not stream 0 or a stream of your own")
+    side, watcher = torch.cuda.Stream(), torch.cuda.Stream()
+    for cycles in (200_000_000, 800_000_000, 3_200_000_000):  # about 0.1, 0.4 and 1.6 s at GPU clocks
+        out = torch.full(shape.out_shape, float("nan"), dtype=dtype, device="cuda")
+        wait_over = torch.cuda.Event(enable_timing=True)
+        read_done = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+            wait_over.record()
+            kernel(*inputs, shape.heads, out=out)
+        # torch's streams do not wait for one another, so the watcher sees whatever was written by now.
+        with torch.cuda.stream(watcher):
+            written = out.isfinite().any()
+            read_done.record()
+        torch.cuda.synchronize()
+        if read_done.elapsed_time(wait_over) > 0:  # the read finished while the wait still ran
+            if bool(written):
+                return ("wrote its output before the work queued ahead of it on the current stream finished: "
+                        "launch on the stream the binding passes (torch.cuda.current_stream()), not stream 0 or "
+                        "a stream of your own")
+            return None
     return None
 
 

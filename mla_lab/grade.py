@@ -144,6 +144,12 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
     failed = [v for v in verdicts if not v.ok]
     if failed:
         smallest = min(failed, key=lambda v: v.shape.flops())
+        # An input the kernel overwrote also spoils the reference it is compared with: name the cause.
+        modified = fair_play.inputs_untouched(kernel, smallest.shape, smallest.dtype, "cuda")
+        if modified:
+            return GradeResult(step.exercise, "breaks a rule",
+                               f"{name}: it {modified} (its output was wrong on {len(failed)} of {len(verdicts)} "
+                               "checks, which that alone can cause)", verdicts)
         return GradeResult(
             step.exercise,
             "wrong",

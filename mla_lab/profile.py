@@ -1,8 +1,9 @@
 """Stored profiles: Nsight Compute's view of every step, kept in results/ for machines that cannot
 read hardware counters (most rented GPUs refuse them: ERR_NVGPUCTRPERM) or have no GPU.
 
-    make profile                    every step at the toy and at V2-Lite 4096 tokens, both dtypes,
-                                    into results/profiles/<device>.json (GPU, ncu)
+    make profile                    every step at the toy and at V2-Lite 4096 tokens, both dtypes, and
+                                    at one decode token (bf16), into results/profiles/<device>.json
+                                    (GPU, ncu: all calls under one ncu, each behind a marker kernel)
     python -m mla_lab profile ex05  your kernel, where counters can be read; then the stored one
 
 A step's call may launch several kernels (step 11: two; steps 9 and 10: a transpose, then two
@@ -25,7 +26,7 @@ from . import steps
 from .gpu_check import IMPORTABLE
 
 PROFILES_DIR = steps.REPO / "results" / "profiles"  # beside the sweeps, not among them
-POINTS = ("toy fp32", "toy bf16", "v2_lite@4096 fp32", "v2_lite@4096 bf16")
+POINTS = ("toy fp32", "toy bf16", "v2_lite@4096 fp32", "v2_lite@4096 bf16", "v2_lite@1 bf16")
 
 # summary field: (ncu metric, how kernels of one call combine: "sum", "max" or "time-weighted")
 METRICS = {
@@ -44,8 +45,10 @@ STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle", "mat
           "lg_throttle", "not_selected", "membar", "dispatch_stall")
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
-_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
-          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: launched before each profiled call, it marks where one starts
+# ncu names units both ways across versions ("ns" in Nsight Compute 2025, "nsecond" in older ones)
+_UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6,
+          "byte": 1.0, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}
 
 
 def metric_names() -> list[str]:
@@ -59,13 +62,29 @@ def value_of(text: str, unit: str) -> float:
     return number * _UNITS.get(base, 1.0)
 
 
-def parse(csv_text: str) -> list[dict[str, float]]:
-    """ncu --csv's long format (a row per kernel and metric) as one {metric: value} per kernel, in launch order."""
+def parse(csv_text: str) -> list[tuple[str, dict[str, float]]]:
+    """ncu --csv's long format (a row per kernel and metric) as (kernel name, {metric: value}) per
+    kernel, in launch order."""
     rows = [line for line in csv_text.splitlines() if line.startswith('"')]  # ncu's own lines start with ==PROF==
+    names: dict[str, str] = {}
     kernels: dict[str, dict[str, float]] = {}
     for row in csv.DictReader(io.StringIO("\n".join(rows))):
+        names[row["ID"]] = row["Kernel Name"]
         kernels.setdefault(row["ID"], {})[row["Metric Name"]] = value_of(row["Metric Value"], row.get("Metric Unit", ""))
-    return [kernels[k] for k in sorted(kernels, key=int)]
+    return [(names[k], kernels[k]) for k in sorted(kernels, key=int)]
+
+
+def split_calls(kernels: list[tuple[str, dict[str, float]]]) -> list[list[dict[str, float]]]:
+    """The kernels of each profiled call: every call follows one marker kernel (MARKER)."""
+    calls: list[list[dict[str, float]]] = []
+    for name, metrics in kernels:
+        if MARKER in name:
+            calls.append([])
+        elif calls:
+            calls[-1].append(metrics)
+        else:
+            raise RuntimeError(f"ncu's report begins with {name}, not with a call's marker")
+    return calls
 
 
 def summarize(kernels: list[dict[str, float]]) -> dict[str, float]:
@@ -136,39 +155,61 @@ def why_not(output: str) -> str:
     return f"ncu failed: {last[0][:160]}"
 
 
-def profile_call(step: int, point: str, variant: str = "solution") -> dict[str, float]:
-    """One call of a step at one sweep point under ncu: its summary. Raises RuntimeError(why) if
-    the counters cannot be read here."""
+def profile_calls(plan: list[tuple[int, str]], variant: str = "solution") -> list[dict[str, float]]:
+    """Each (step, point) of the plan called once under one ncu: a summary per call. Raises
+    RuntimeError(why) if the counters cannot be read here."""
     tool = ncu()
     if tool is None:
         raise RuntimeError("Nsight Compute (ncu) is not installed here")
     command = [tool, "--csv", "--clock-control", "none", "--profile-from-start", "off",
-               "--metrics", ",".join(metric_names()), sys.executable, "-m", "mla_lab", "profile", "--one-call",
-               str(step), point, "--variant", variant]
+               "--metrics", ",".join(metric_names()), sys.executable, "-m", "mla_lab", "profile", "--calls",
+               ";".join(f"{step}:{point}" for step, point in plan), "--variant", variant]
     done = subprocess.run(command, capture_output=True, text=True, cwd=steps.REPO, env={**os.environ, **IMPORTABLE},
-                          timeout=600)
-    kernels = parse(done.stdout)
-    if done.returncode != 0 or not kernels:
+                          timeout=1200)
+    logs = os.environ.get("MLA_LAB_LOGS")
+    if logs:  # ncu's own words, for when the summary looks wrong
+        Path(logs).mkdir(parents=True, exist_ok=True)
+        (Path(logs) / "ncu.csv").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not parse(done.stdout):
         raise RuntimeError(why_not(done.stdout + done.stderr))
-    return summarize(kernels)
+    return summaries(done.stdout, len(plan))
 
 
-def one_call(step: int, point: str, variant: str) -> None:
-    """The child ncu watches: build and warm up, then exactly one call inside the profiled range."""
+def summaries(csv_text: str, calls_made: int) -> list[dict[str, float]]:
+    """ncu's CSV of `calls_made` marked calls: one summary per call, in the order they were made."""
+    calls = split_calls(parse(csv_text))
+    if len(calls) != calls_made or not all(calls):
+        raise RuntimeError(f"ncu reported {len(calls)} calls for the {calls_made} made")
+    return [summarize(call) for call in calls]
+
+
+def profile_call(step: int, point: str, variant: str = "solution") -> dict[str, float]:
+    return profile_calls([(step, point)], variant)[0]
+
+
+def calls(plan: str, variant: str) -> None:
+    """The child ncu watches: build and warm up every call of the plan ("6:toy bf16;11:v2_lite@1
+    bf16"), then make each once inside the profiled range, behind a marker kernel."""
     import torch
 
     from . import sweep
     from .problem import make_inputs
 
-    shape_name, dtype_name = point.split()
-    shape = sweep.SHAPES[shape_name]
-    kernel = steps.load(step, variant)
-    inputs = make_inputs(shape, sweep.DTYPES[dtype_name], "cuda", 0)
-    kernel(*inputs, shape.heads)
+    made = []
+    for item in plan.split(";"):
+        step, point = item.split(":")
+        shape_name, dtype_name = point.split()
+        shape = sweep.SHAPES[shape_name]
+        kernel = steps.load(int(step), variant)
+        inputs = make_inputs(shape, sweep.DTYPES[dtype_name], "cuda", 0)
+        kernel(*inputs, shape.heads)
+        made.append((kernel, inputs, shape.heads))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    kernel(*inputs, shape.heads)
-    torch.cuda.synchronize()
+    for kernel, inputs, heads in made:
+        torch.cuda._sleep(1000)
+        kernel(*inputs, heads)
+        torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
 
@@ -180,7 +221,8 @@ def run_all() -> Path:
     from .problem import make_inputs
 
     device = torch.cuda.get_device_name()
-    stored: dict[str, dict[str, dict[str, float] | str]] = {}
+    verdicts: dict[tuple[int, str], dict[str, float] | str] = {}
+    plan = []
     for point in POINTS:
         shape_name, dtype_name = point.split()
         shape = sweep.SHAPES[shape_name]
@@ -188,21 +230,50 @@ def run_all() -> Path:
         for step in steps.STEPS:
             why = sweep.why_not_timed(step, steps.load(step.number), shape, dtype_name, probe)
             if why is None:
-                try:
-                    stored.setdefault(step.label, {})[point] = profile_call(step.number, point)
-                except RuntimeError as refused:
-                    why = str(refused)
-            if why is not None:
-                stored.setdefault(step.label, {})[point] = why
-            print(f"{step.label} {point}: {stored[step.label][point]}", flush=True)
+                plan.append((step.number, point))
+            else:
+                verdicts[step.number, point] = why
+    try:
+        verdicts.update(zip(plan, profile_calls(plan)))
+    except RuntimeError as refused:
+        verdicts.update((call, str(refused)) for call in plan)
+    return store(device, verdicts)
+
+
+def store(device: str, verdicts: dict[tuple[int, str], dict[str, float] | str]) -> Path:
+    """Each step's profile (or why it has none) at every point, in course order, for this device."""
+    from . import sweep
+
+    profiles = {step.label: {point: verdicts[step.number, point] for point in POINTS if (step.number, point) in verdicts}
+                for step in steps.STEPS}
+    for label, points in profiles.items():
+        for point, verdict in points.items():
+            print(f"{label} {point}: {verdict}", flush=True)
     path = stored_path(sweep.device_slug(device))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"device": device, "profiles": stored}, indent=1) + "\n")
+    path.write_text(json.dumps({"device": device, "profiles": profiles}, indent=1) + "\n")
     return path
 
 
+def describe(summary: dict[str, float]) -> str:
+    """A stored summary in words and units a learner reads at a glance."""
+    hit = summary["l2_hit_pct"]
+    # A hit rate past 100 % is ncu's hits and lookups counted on different replays of a short call.
+    l2 = f"L2 hit {hit:.0f} %" + (" (counts from different replays disagree: unreliable)" if hit > 100 else "")
+    stalls = ", ".join(f"{name[len('stall '):]} {value:.1f}" for name, value in summary.items() if name.startswith("stall "))
+    kernels = int(summary["kernels"])
+    return (f"{summary['duration_us']:,.1f} µs in {kernels} kernel{'s' if kernels > 1 else ''}; DRAM "
+            f"{summary['dram_read_bytes'] / 1e6:,.2f} MB read, {summary['dram_write_bytes'] / 1e6:,.2f} MB written; "
+            f"{l2}; occupancy {summary['occupancy_pct']:.0f} %; {summary['registers']:.0f} registers a thread, "
+            f"{summary['shared_bytes'] / 1024:,.0f} KiB shared a block; tensor pipe {summary['tensor_pipe_pct']:.0f} %, "
+            f"FMA pipe {summary['fma_pipe_pct']:.0f} %; {summary['bank_conflicts']:,.0f} shared-memory bank conflicts; "
+            f"top stalls (cycles per issue): {stalls}")
+
+
 def show(step: int, point: str, device_slug: str | None = None) -> str:
-    """A step's stored profile at one point and what moved from the step before."""
+    """A step's stored profile at one point and what moved from the step it builds on."""
+    from .grade import BASELINE_STEPS
+
     paths = [stored_path(device_slug)] if device_slug else sorted(PROFILES_DIR.glob("*.json"))
     if not paths or not paths[0].exists():
         return "no stored profiles yet: `make profile` on a GPU whose counters can be read writes them"
@@ -211,8 +282,9 @@ def show(step: int, point: str, device_slug: str | None = None) -> str:
     mine = data["profiles"].get(label, {}).get(point)
     if not isinstance(mine, dict):
         return f"{label} at {point}: no stored profile ({mine or 'not profiled'})"
-    lines = [f"{label} at {point} ({data['device']}): " + ", ".join(f"{k} {v:,.3g}" for k, v in mine.items())]
-    before = data["profiles"].get(steps.get(step - 1).label, {}).get(point) if step > 1 else None
+    lines = [f"{label} at {point}, stored on {data['device']}:", f"  {describe(mine)}"]
+    previous = BASELINE_STEPS.get(step, step - 1)
+    before = data["profiles"].get(steps.get(previous).label, {}).get(point) if previous >= 1 else None
     if isinstance(before, dict):
-        lines.append(f"against step {step - 1}: {moved(before, mine)}")
+        lines.append(f"  against step {previous}: {moved(before, mine)}")
     return "\n".join(lines)

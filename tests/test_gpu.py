@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mla_lab.abi import MLA_BFLOAT16, MlaProblem
-from mla_lab import bench, check, steps, sweep
-from mla_lab.grade import grade
+from mla_lab import bench, check, dispatch, steps, sweep
+from mla_lab.grade import IDEA_POINTS, grade
 from mla_lab.problem import TOY, Inputs, Shape, make_inputs, oracle
 
 pytestmark = pytest.mark.gpu
@@ -215,8 +215,9 @@ def test_every_solution_grades_correct(exercise):
     if result.status == "needs hopper":
         pytest.skip(result.line)
     assert result.passed, result.line
-    # The learner's own kernel is what gets timed: step 6 takes bf16 only, so it is timed in bf16.
-    timed = "bf16" if exercise == "ex06" else "fp32"
+    # Timed at the toy in the dtype of the step's idea point (step 6 takes bf16 only), else fp32.
+    idea = IDEA_POINTS.get(steps.get(exercise).number)
+    timed = idea.split()[1] if idea else "fp32"
     assert f"toy {timed} " in result.line, result.line
 
 
@@ -265,7 +266,7 @@ def test_a_sweep_point_times_every_contender_it_checked():
     inputs = make_inputs(TOY, torch.bfloat16, "cuda")
     expected = {name: "ok" if kernel.takes_fast_path(*inputs) else "skipped" for name, kernel in kernels.items()}
     assert {name for name, status in expected.items() if status == "skipped"} <= {steps.get(n).label for n in (9, 10)}
-    assert {r.name: r.status for r in results} == {**expected, **{name: "ok" for name in peers}}
+    assert {r.name: r.status for r in results} == {**expected, **{name: "ok" for name in [*peers, dispatch.NAME]}}
     assert {(r.shape, r.dtype, r.mode) for r in results} == {("toy", "bf16", "graph")}
     assert len({r.median_us for r in results if r.status == "ok"}) > 1
 

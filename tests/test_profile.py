@@ -1,6 +1,8 @@
 """Stored profiles (mla_lab.profile): ncu's CSV read into one summary per call, and the sentence
 on what moved, on planted numbers."""
 
+import pytest
+
 from mla_lab import profile
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -12,31 +14,44 @@ def row(kernel_id: int, name: str, metric: str, unit: str, value: str) -> str:
             f'"Command line profiler metrics","{metric}","{unit}","{value}"')
 
 
+MARKER = "at::cuda::(anonymous namespace)::spin_kernel(long)"
 PLANTED = "\n".join([
     "==PROF== Connected to process 4242",
     HEADER,
-    row(0, "stream_tokens<bf16, 1>", "gpu__time_duration.sum", "usecond", "6.82"),
-    row(0, "stream_tokens<bf16, 1>", "dram__bytes_read.sum", "Mbyte", "2.10"),
-    row(0, "stream_tokens<bf16, 1>", "launch__registers_per_thread", "register/thread", "48"),
-    row(0, "stream_tokens<bf16, 1>", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "2.0"),
-    row(0, "stream_tokens<bf16, 1>", profile.STALL_METRIC.format("barrier"), "", "3.5"),
-    row(1, "stream_tokens<bf16, 1>", "gpu__time_duration.sum", "nsecond", "7,550"),
-    row(1, "stream_tokens<bf16, 1>", "dram__bytes_read.sum", "Mbyte", "4.20"),
-    row(1, "stream_tokens<bf16, 1>", "launch__registers_per_thread", "register/thread", "43"),
-    row(1, "stream_tokens<bf16, 1>", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "4.0"),
-    row(1, "stream_tokens<bf16, 1>", profile.STALL_METRIC.format("long_scoreboard"), "", "9.0"),
+    row(0, MARKER, "gpu__time_duration.sum", "usecond", "1.10"),
+    row(1, "stream_tokens<bf16, 1>", "gpu__time_duration.sum", "usecond", "6.82"),
+    row(1, "stream_tokens<bf16, 1>", "dram__bytes_read.sum", "Mbyte", "2.10"),
+    row(1, "stream_tokens<bf16, 1>", "launch__registers_per_thread", "register/thread", "48"),
+    row(1, "stream_tokens<bf16, 1>", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "2.0"),
+    row(1, "stream_tokens<bf16, 1>", profile.STALL_METRIC.format("barrier"), "", "3.5"),
+    row(2, "stream_tokens<bf16, 1>", "gpu__time_duration.sum", "ns", "7,550"),
+    row(2, "stream_tokens<bf16, 1>", "dram__bytes_read.sum", "Mbyte", "4.20"),
+    row(2, "stream_tokens<bf16, 1>", "launch__registers_per_thread", "register/thread", "43"),
+    row(2, "stream_tokens<bf16, 1>", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "4.0"),
+    row(2, "stream_tokens<bf16, 1>", profile.STALL_METRIC.format("long_scoreboard"), "", "9.0"),
+    row(3, MARKER, "gpu__time_duration.sum", "usecond", "1.10"),
+    row(4, "transpose_weights<float>", "gpu__time_duration.sum", "usecond", "3.00"),
     "==PROF== Disconnected from process 4242",
 ])
 
 
 def test_ncu_csv_becomes_one_summary_per_call():
     kernels = profile.parse(PLANTED)
-    assert len(kernels) == 2 and kernels[1]["gpu__time_duration.sum"] == 7.55
-    summary = profile.summarize(kernels)
+    assert [name for name, _ in kernels] == [MARKER, "stream_tokens<bf16, 1>", "stream_tokens<bf16, 1>", MARKER,
+                                            "transpose_weights<float>"]
+    first, second = profile.split_calls(kernels)
+    assert len(first) == 2 and first[1]["gpu__time_duration.sum"] == 7.55 and len(second) == 1
+    summary = profile.summarize(first)
     assert summary["kernels"] == 2 and round(summary["duration_us"], 2) == 14.37
     assert round(summary["dram_read_bytes"]) == 6_300_000 and summary["registers"] == 48
     assert round(summary["tensor_pipe_pct"], 2) == round((2.0 * 6.82 + 4.0 * 7.55) / 14.37, 2)
     assert list(k for k in summary if k.startswith("stall"))[0] == "stall long_scoreboard"
+    assert profile.summarize(second)["duration_us"] == 3.0
+
+
+def test_kernels_before_any_marker_are_refused():
+    with pytest.raises(RuntimeError, match="not with a call's marker"):
+        profile.split_calls(profile.parse(PLANTED)[1:])
 
 
 def test_what_moved_is_one_sentence():
