@@ -34,13 +34,15 @@ class Row:
     your_peer_us: float
     stored_us: float | None
     stored_peer_us: float | None
+    same_source: bool = False  # the very code the stored run measured (the solutions, unchanged since)
 
     @property
     def verdict(self) -> str:
-        return verdict(self.yours_us, self.your_peer_us, self.stored_us, self.stored_peer_us)
+        return verdict(self.yours_us, self.your_peer_us, self.stored_us, self.stored_peer_us, self.same_source)
 
 
-def verdict(yours_us: float, your_peer_us: float, stored_us: float | None, stored_peer_us: float | None) -> str:
+def verdict(yours_us: float, your_peer_us: float, stored_us: float | None, stored_peer_us: float | None,
+            same_source: bool = False) -> str:
     """One clause: whether the difference from the stored run is the GPU or the kernel."""
     if stored_us is None or stored_peer_us is None:
         return "nothing stored to compare with"
@@ -51,6 +53,11 @@ def verdict(yours_us: float, your_peer_us: float, stored_us: float | None, store
         gpu = "the same speed" if abs(speed - 1.0) <= SAME_RATIO else f"{speed:.2f}x the stored speed"
         return f"the kernel is the stored one's equal ({yours:.2f}x {PEER}, stored {stored:.2f}x); the GPU runs it at {gpu}"
     direction = "faster" if change > 0 else "slower"
+    if same_source:
+        # The ratio cancels the GPU only where the step and cuBLAS are held back by the same thing.
+        return (f"the stored kernel itself (same source), {abs(change):.0%} {direction} against {PEER} than stored "
+                f"({yours:.2f}x, stored {stored:.2f}x): not the code, but a GPU or clocks that favour what limits "
+                f"this step over what limits {PEER}, or a noisy run")
     return (f"the kernel: {abs(change):.0%} {direction} against {PEER} than stored ({yours:.2f}x, stored "
             f"{stored:.2f}x), which no GPU difference explains")
 
@@ -71,6 +78,7 @@ def run(variant: str | None = None, points: tuple[str, ...] = POINTS) -> str:
     variant = variant or steps.exercise_variant()
     device = torch.cuda.get_device_name()
     stored = sweep.of_device(device) or sweep.newest()
+    same_source = variant == "solution" and stored.meta.get("sources") == sweep.sources_fingerprint()
     rows = []
     for point in points:
         shape_name, dtype_name = point.split()
@@ -89,5 +97,5 @@ def run(variant: str | None = None, points: tuple[str, ...] = POINTS) -> str:
             mine, theirs = stored.find(name, shape_name, dtype_name), stored.find(PEER, shape_name, dtype_name)
             rows.append(Row(name, point, timings[name], timings[PEER],
                             mine.median_us if mine and mine.status == "ok" else None,
-                            theirs.median_us if theirs and theirs.status == "ok" else None))
+                            theirs.median_us if theirs and theirs.status == "ok" else None, same_source))
     return table(rows, stored, device)

@@ -1,6 +1,8 @@
 """The sanitizer lane's one-line answers, read from compute-sanitizer's report format (the
 examples below follow the manual's memcheck and racecheck demos), and its refusal without a GPU."""
 
+from pathlib import Path
+
 import pytest
 
 from mla_lab import build, sanitize
@@ -45,3 +47,19 @@ def test_a_stub_is_not_sanitized_but_named_unfinished(capsys):
     results = sanitize.sanitize("ex05", "exercise", quiet=False)
     assert all(r.status == "not implemented" for r in results)
     assert capsys.readouterr().out.strip() == "ex05 under compute-sanitizer: not implemented yet: fill in its TODO stubs first"
+
+
+def test_a_tool_out_of_time_takes_its_target_down_with_it(tmp_path, monkeypatch):
+    """compute-sanitizer starts the checked program as a child of its own: killing the tool alone
+    left that child running on the GPU, slowing every later kernel. A stand-in tool that starts a
+    long-lived child and waits: when its time is up, neither may survive."""
+    pid_file = tmp_path / "target.pid"
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pid_file}\nwait\n")
+    tool.chmod(0o755)
+    monkeypatch.setattr(sanitize, "sanitizer", lambda: str(tool))
+    result = sanitize.run_tool("racecheck", sanitize.steps.get("ex01"), "solution", seconds=2)
+    assert result.status == "timed out" and result.line == "racecheck: did not finish in 2 s"
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    # gone, or a zombie waiting for init to reap it (the state after the name's closing parenthesis)
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
