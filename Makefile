@@ -23,7 +23,7 @@ gpu-validate:  # its first part: every step checked, the GPU tests, the grader o
 gpu-lane:  # the sanitizer lane (python -m mla_lab grade exNN --sanitize) over every solution and every stub
 	$(PYTHON) -m mla_lab gpu-check lane
 
-gpu-results:  # its last part: the sweep into results/, the README table and plots, every notebook executed, nbval
+gpu-results:  # its last part: the sweep into results/, the README table and plots, the stored profiles, every notebook executed, nbval
 	$(PYTHON) -m mla_lab gpu-check results
 
 profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096 (both dtypes) and one decode token, into results/profiles/

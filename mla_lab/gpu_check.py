@@ -1,11 +1,14 @@
-"""The whole GPU validation in two parts, each sized for one sitting of under ten minutes on an H200,
-ending with a short table: what ran, whether it passed, how long it took, its last line.
+"""The whole GPU validation in three parts, ending with a short table: what ran, whether it
+passed, how long it took, its last line. Measured stages on an H100: the GPU tests 2 minutes, the
+sweep 6 to 7, the notebooks 4, nbval 3, profiles under 1. Where a sitting is shorter than a part,
+run its stages in turns with --only.
 
   validate  every step checked on the shape matrix, the GPU tests (the known-wrong kernels of
             tests/wrong_kernels/ among them), the grader over every solution (correct) and every
             stub (not implemented yet), compute-sanitizer's four tools
   lane      the sanitizer lane a learner runs (`grade exNN --sanitize`) over every solution and stub
-  results   the benchmark sweep into results/<device>.json, the README table and plots, every
+  results   the benchmark sweep into results/<device>.json, the README table and plots, Nsight
+            Compute's profiles into results/profiles/ (where the counters can be read), every
             notebook executed in place, then nbval over the notebooks
 
 `make gpu-check` runs all three; `make gpu-validate`, `make gpu-lane` and `make gpu-results` one each, and
@@ -58,6 +61,7 @@ PARTS = {
     "results": [
         ("bench", MLA + ["bench", "--command-line", "make gpu-results"], {}),
         ("results", MLA + ["results"], {}),
+        ("profile", MLA + ["profile"], {}),
         ("notebooks", MLA + ["notebooks"], SOLUTIONS),
         ("nbval", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
                    "notebooks"], SOLUTIONS),
