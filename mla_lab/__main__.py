@@ -86,10 +86,11 @@ def profile(args: argparse.Namespace) -> int:
     try:
         if problem:
             raise RuntimeError(problem)
-        print(f"{step.exercise} (yours) at {point}: {profiles.profile_call(step.number, point, 'exercise')}")
+        yours = profiles.profile_call(step.number, point, "exercise")
+        print(f"{step.exercise} (yours) at {point}:\n  {profiles.describe(yours)}")
     except RuntimeError as why:
         print(f"{step.exercise}: no profile of yours here: {why}")
-    print(profiles.show(step.number, point))
+    print(profiles.show_nearest(step.number, point))
     return 0
 
 

@@ -285,3 +285,15 @@ def show(step: int, point: str, device_slug: str | None = None) -> str:
     if isinstance(before, dict):
         lines.append(f"  against step {previous}: {moved(before, mine)}")
     return "\n".join(lines)
+
+
+def show_nearest(step: int, point: str) -> str:
+    """The stored profile at `point`, or, where none is stored there yet, also the step's first
+    stored one at another point."""
+    shown = show(step, point)
+    if "no stored profile" not in shown:
+        return shown
+    same_dtype_first = sorted((other for other in POINTS if other != point),
+                              key=lambda other: other.split()[1] != point.split()[1])
+    others = (show(step, other) for other in same_dtype_first)
+    return "\n".join([shown, *[other for other in others if "no stored profile" not in other][:1]])

@@ -66,3 +66,11 @@ def test_what_moved_is_one_sentence():
 def test_a_refusal_is_named_in_one_line():
     assert "ERR_NVGPUCTRPERM" in profile.why_not("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission")
     assert profile.why_not("==ERROR== Failed to initialize the profiler: LibraryNotLoaded").startswith("Nsight Compute cannot")
+
+
+def test_a_summary_reads_in_words_and_an_impossible_hit_rate_is_flagged():
+    summary = profile.summarize(profile.split_calls(profile.parse(PLANTED))[0])
+    words = profile.describe(summary)
+    assert words.startswith("14.4 µs in 2 kernels; DRAM 6.30 MB read") and "top stalls (cycles per issue): long_scoreboard" in words
+    assert "unreliable" not in words
+    assert "L2 hit 119 % (counts from different replays disagree: unreliable)" in profile.describe({**summary, "l2_hit_pct": 118.9})
