@@ -81,8 +81,7 @@ def run(variant: str | None = None, points: tuple[str, ...] = POINTS) -> str:
     same_source = variant == "solution" and stored.meta.get("sources") == sweep.sources_fingerprint()
     rows = []
     for point in points:
-        shape_name, dtype_name = point.split()
-        shape, dtype = sweep.SHAPES[shape_name], sweep.DTYPES[dtype_name]
+        shape_name, shape, dtype_name, dtype = sweep.point(point)
         probe = make_inputs(shape, dtype, "cuda", 0)
         kernels = {}
         for step in steps.exercises():

@@ -15,24 +15,16 @@ from collections.abc import Callable
 import torch
 
 from . import check
-from .problem import Inputs, Shape, make_inputs, oracle
+from .problem import Shape, make_inputs, oracle
 
 NAMES = ("hidden", "w_down", "w_up_k", "w_up_v")
-
-
-def _call(kernel: Callable, inputs: Inputs, shape: Shape) -> torch.Tensor:
-    if check.accepts_out(kernel):
-        out = torch.full(shape.out_shape, float("nan"), dtype=inputs.hidden.dtype, device=inputs.hidden.device)
-        kernel(*inputs, shape.heads, out=out)
-        return out
-    return kernel(*inputs, shape.heads)
 
 
 def inputs_untouched(kernel: Callable, shape: Shape, dtype: torch.dtype, device: str | torch.device) -> str | None:
     """The inputs are the caller's: after a call each must hold exactly what it held before."""
     inputs = make_inputs(shape, dtype, device, seed=11)
     before = [t.clone() for t in inputs]
-    _call(kernel, inputs, shape)
+    check.run_poisoned(kernel, inputs, shape.heads, shape)
     changed = [name for name, old, new in zip(NAMES, before, inputs) if not torch.equal(old, new)]
     if changed:
         return (f"modified its inputs ({', '.join(changed)}): a kernel may only write `out`; keep scratch "

@@ -91,8 +91,7 @@ def _threads_of_wrong(step: steps.Step, kernel: steps.Kernel, verdict: check.Ver
     if step.number not in writers.THREADS:
         return ""
     inputs = make_inputs(verdict.shape, verdict.dtype, "cuda", seed=7)
-    out = torch.full(verdict.shape.out_shape, float("nan"), dtype=verdict.dtype, device="cuda")
-    kernel(*inputs, verdict.shape.heads, out=out)
+    out = check.run_poisoned(kernel, inputs, verdict.shape.heads, verdict.shape)
     mask = failure_map.wrong_elements(out, oracle(inputs, verdict.shape.heads), check.tolerance(kernel, verdict.dtype))
     where = writers.written_by(step.number, mask.cpu(), verdict.shape)
     return f"; {where}" if where else ""
@@ -191,8 +190,8 @@ def _grade(step: steps.Step, variant: str, source, name: str, shapes) -> GradeRe
                            verdicts, timings)
     speed = [speed_at(f"toy {bench.dtype_label(dtype)}", by_name, step, previous)]
     if idea is not None:
-        point, idea_dtype = idea.split()
-        idea_timings = bench.compare(contenders, sweep.SHAPES[point], bench.DTYPES[idea_dtype], "graph")
+        _, idea_shape, _, idea_dtype = sweep.point(idea)
+        idea_timings = bench.compare(contenders, idea_shape, idea_dtype, "graph")
         timings += idea_timings
         speed.append(speed_at(idea, {t.name: t.median_us for t in idea_timings}, step, previous))
     errors = ", ".join(f"{worst[d]:.1e} {check.dtype_name(d)}" for d in DTYPES)

@@ -170,14 +170,15 @@ def profile_calls(plan: list[tuple[int, str]], variant: str = "solution") -> lis
     if logs:  # ncu's own words, for when the summary looks wrong
         Path(logs).mkdir(parents=True, exist_ok=True)
         (Path(logs) / "ncu.csv").write_text(done.stdout + done.stderr)
-    if done.returncode != 0 or not parse(done.stdout):
+    kernels = parse(done.stdout)
+    if done.returncode != 0 or not kernels:
         raise RuntimeError(why_not(done.stdout + done.stderr))
-    return summaries(done.stdout, len(plan))
+    return summaries(kernels, len(plan))
 
 
-def summaries(csv_text: str, calls_made: int) -> list[dict[str, float]]:
-    """ncu's CSV of `calls_made` marked calls: one summary per call, in the order they were made."""
-    calls = split_calls(parse(csv_text))
+def summaries(kernels: list[tuple[str, dict[str, float]]], calls_made: int) -> list[dict[str, float]]:
+    """The kernels ncu saw in `calls_made` marked calls: one summary per call, in the order they were made."""
+    calls = split_calls(kernels)
     if len(calls) != calls_made or not all(calls):
         raise RuntimeError(f"ncu reported {len(calls)} calls for the {calls_made} made")
     return [summarize(call) for call in calls]
@@ -198,10 +199,9 @@ def calls(plan: str, variant: str) -> None:
     made = []
     for item in plan.split(";"):
         step, point = item.split(":")
-        shape_name, dtype_name = point.split()
-        shape = sweep.SHAPES[shape_name]
+        _, shape, _, dtype = sweep.point(point)
         kernel = steps.load(int(step), variant)
-        inputs = make_inputs(shape, sweep.DTYPES[dtype_name], "cuda", 0)
+        inputs = make_inputs(shape, dtype, "cuda", 0)
         kernel(*inputs, shape.heads)
         made.append((kernel, inputs, shape.heads))
     torch.cuda.synchronize()
@@ -224,9 +224,8 @@ def run_all() -> Path:
     verdicts: dict[tuple[int, str], dict[str, float] | str] = {}
     plan = []
     for point in POINTS:
-        shape_name, dtype_name = point.split()
-        shape = sweep.SHAPES[shape_name]
-        probe = make_inputs(shape, sweep.DTYPES[dtype_name], "cuda", 0)
+        _, shape, dtype_name, dtype = sweep.point(point)
+        probe = make_inputs(shape, dtype, "cuda", 0)
         for step in steps.STEPS:
             why = sweep.why_not_timed(step, steps.load(step.number), shape, dtype_name, probe)
             if why is None:
@@ -267,14 +266,19 @@ def describe(summary: dict[str, float]) -> str:
             f"top stalls (cycles per issue): {stalls}")
 
 
-def show(step: int, point: str, device_slug: str | None = None) -> str:
+def _stored() -> dict | None:
+    """The stored profiles (the first device's file), or None before `make profile` has run."""
+    paths = sorted(PROFILES_DIR.glob("*.json"))
+    return json.loads(paths[0].read_text()) if paths else None
+
+
+def show(step: int, point: str) -> str:
     """A step's stored profile at one point and what moved from the step it builds on."""
     from .grade import BASELINE_STEPS
 
-    paths = [stored_path(device_slug)] if device_slug else sorted(PROFILES_DIR.glob("*.json"))
-    if not paths or not paths[0].exists():
+    data = _stored()
+    if data is None:
         return "no stored profiles yet: `make profile` on a GPU whose counters can be read writes them"
-    data = json.loads(paths[0].read_text())
     label = steps.get(step).label
     mine = data["profiles"].get(label, {}).get(point)
     if not isinstance(mine, dict):
@@ -288,12 +292,12 @@ def show(step: int, point: str, device_slug: str | None = None) -> str:
 
 
 def show_nearest(step: int, point: str) -> str:
-    """The stored profile at `point`, or, where none is stored there yet, also the step's first
-    stored one at another point."""
-    shown = show(step, point)
-    if "no stored profile" not in shown:
-        return shown
-    same_dtype_first = sorted((other for other in POINTS if other != point),
-                              key=lambda other: other.split()[1] != point.split()[1])
-    others = (show(step, other) for other in same_dtype_first)
-    return "\n".join([shown, *[other for other in others if "no stored profile" not in other][:1]])
+    """The stored profile at `point`, and where none is stored there yet, also the step's nearest
+    stored one (the same dtype first)."""
+    data = _stored()
+    profiled = data["profiles"].get(steps.get(step).label, {}) if data else {}
+    if isinstance(profiled.get(point), dict):
+        return show(step, point)
+    others = sorted((p for p, summary in profiled.items() if isinstance(summary, dict)),
+                    key=lambda other: other.split()[1] != point.split()[1])
+    return "\n".join([show(step, point), *[show(step, other) for other in others[:1]]])

@@ -38,6 +38,12 @@ SHAPES: dict[str, Shape] = {
 DTYPES = bench.DTYPES
 PEERS = bench.PEERS
 
+
+def point(name: str) -> tuple[str, Shape, str, torch.dtype]:
+    """A sweep point named like "v2_lite@4096 bf16": its shape's name, the shape, the dtype's name, the dtype."""
+    shape_name, dtype_name = name.split()
+    return shape_name, SHAPES[shape_name], dtype_name, DTYPES[dtype_name]
+
 # Steps 1, 2 and 7 do work that grows with tokens x weights; past these estimates a call takes so
 # long that timing it would eat the sweep. Seconds per call from the multiply-adds a step does and
 # the rate it sustained on the H200 (step 7's per dtype, at V2-Lite 8192 tokens in sweep
