@@ -33,14 +33,19 @@ def _on_hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def widest_step(rank: int) -> int:
+    """For latent widths past 512, where the tensor-core steps' tiles end: the fastest of the first
+    steps whose launch limit takes `rank` (step 4 to 640, step 2 while a latent row fits its shared
+    memory, step 1 always)."""
+    return next(n for n in (4, 2, 1) if steps.get(n).max_rank is None or rank <= steps.get(n).max_rank)
+
+
 def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor) -> int:
     """The step number `project` runs for these inputs (on their GPU)."""
     tokens = hidden.numel() // hidden.shape[-1] if hidden.dim() else 0
     rank = w_down.shape[-1]
-    if rank > 640:
-        return 1  # only the first steps take latent widths past 640
     if rank > 512:
-        return 4
+        return widest_step(rank)
     if not _on_hopper(hidden.device):
         return 5 if hidden.dtype == torch.bfloat16 else 4
     if _kernel(8).takes_fast_path(hidden, w_down, w_up_k, w_up_v):

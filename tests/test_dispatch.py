@@ -4,7 +4,7 @@ fp32 points compare only steps that keep fp32's accuracy (project never trades i
 
 import pytest
 
-from mla_lab import dispatch, sweep
+from mla_lab import dispatch, steps, sweep
 
 SWEEP_PATHS = sorted(sweep.RESULTS_DIR.glob(f"{dispatch.RULES_FROM}.json"))
 
@@ -44,3 +44,13 @@ def test_the_dispatcher_table_names_the_step_it_ran_once_sweeps_record_it():
             r.note = "ran step 11 (decode)"
     lines = sweep.dispatcher_table(record).splitlines()
     assert lines[0].endswith("step it ran") and all(line.endswith("step 11 (decode)") for line in lines[1:])
+
+
+@pytest.mark.parametrize("rank, step", [(520, 4), (640, 4), (641, 2), (12288, 2), (12289, 1)])
+def test_latent_widths_past_the_tensor_core_tiles_go_to_the_fastest_step_that_takes_them(rank, step):
+    import torch
+
+    hidden = torch.empty(3, 8)
+    weights = (torch.empty(8, rank), torch.empty(rank, 64), torch.empty(rank, 64))
+    assert dispatch.choose(hidden, *weights) == step
+    assert steps.get(step).max_rank is None or rank <= steps.get(step).max_rank
