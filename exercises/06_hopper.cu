@@ -52,12 +52,14 @@ constexpr int kUpBoxBytes = kUpDepth * kRowBytes;
 constexpr int kLatentChunkBytes = kTokens * kRowBytes;  // 64 latent columns of all 128 tokens
 constexpr int kLatentTileBytes = 2 * kLatentChunkBytes;  // one GEMM 1 pass: 128 latent columns
 // The mbarriers after the latent tile, by index (8 bytes each): each ring's full and empty
-// barriers, GEMM 2's two turns ("consumer c may run GEMM 2 slots"), then one for the other
-// groups' latent tiles and one for those of this cluster's blocks.
+// barriers, GEMM 2's two turns ("consumer c may run GEMM 2 slots"), one for the other groups'
+// latent tiles, one for those of this cluster's blocks, and one that every consumer warp of the
+// cluster arrives on once its GEMM 1 is done.
 constexpr int kDownFull = 0, kDownEmpty = kDownFull + kGemm1Depth;
 constexpr int kUpFull = kDownEmpty + kGemm1Depth, kUpEmpty = kUpFull + kStages;
 constexpr int kTurns = kUpEmpty + kStages, kLatentLoaded = kTurns + 2, kLatentFromCluster = kLatentLoaded + 1;
-constexpr int kBarriers = kLatentFromCluster + 1;
+constexpr int kClusterDoneWithGemm1 = kLatentFromCluster + 1;
+constexpr int kBarriers = kClusterDoneWithGemm1 + 1;
 
 struct Shapes {
   int64_t tokens, d_model, rank, width;
@@ -82,8 +84,28 @@ __device__ __forceinline__ uint32_t cluster_size() {
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
   return n;
 }
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// Arrives on the mbarrier at the offset of `bar` in every block of the cluster, releasing this
+// thread's earlier accesses (and those its warp ordered before it) to the whole cluster.
+__device__ __forceinline__ void arrive_in_every_block(uint32_t bar, uint32_t blocks) {
+  for (uint32_t r = 0; r < blocks; ++r) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(r));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  }
+}
+// Waits for a phase of this block's mbarrier whose arrivals came from the whole cluster.
+__device__ __forceinline__ void wait_for_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
 // Copies `bytes` of this block's shared memory at `local` to the same offset in block `rank` of
 // the cluster, completing on that block's mbarrier at the offset of `bar` (one bulk copy: 4-byte
 // stores into another block took 7.5 µs per 32 KB latent tile at V2-Lite, kernels/06_hopper.md).
@@ -233,6 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t turn = barrier(kTurns);
   const uint32_t latent_loaded = barrier(kLatentLoaded);
   const uint32_t latent_from_cluster = barrier(kLatentFromCluster);
+  const uint32_t cluster_done_with_gemm1 = barrier(kClusterDoneWithGemm1);
 
   const uint32_t rank = cluster_rank(), blocks = cluster_size();
   const int64_t cluster = blockIdx.x / blocks;
@@ -260,6 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 2; ++i) barrier_init(turn + 8 * i, 4);
     barrier_init(latent_loaded, 1);
     barrier_init(latent_from_cluster, 1);
+    barrier_init(cluster_done_with_gemm1, blocks * kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     uint32_t from_cluster = 0;
     for (uint32_t r = 0; r < blocks; ++r) from_cluster += r == rank ? 0 : passes_of(r) * kLatentTileBytes;
@@ -267,13 +291,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // Every block of the cluster has started and initialized its barriers before any block
   // writes into another's shared memory.
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 
-  // After GEMM 1 the consumers meet at a cluster barrier: only once every block's GEMM 1 is done
-  // with its latent tile as ring slots may latent tiles be written into it.
   if (threadIdx.x < 128) {  // producer warpgroup: one thread issues every copy
-    cluster_arrive();       // it writes no latent: the barrier need not wait for it
     if (threadIdx.x == 0) {
       auto acquire = [](const Ring& ring, int it, uint32_t bytes) {
         barrier_wait(ring.empty_bar(it), ring.parity(it) ^ 1);
@@ -323,7 +343,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    cluster_wait();
     return;
   }
 
@@ -377,8 +396,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("bar.sync 1, 256;" ::: "memory");
     if (threadIdx.x == 128) count_writer(s.ready + token_tile);
   }
-  cluster_arrive();
-  cluster_wait();
+  // Only once every block's GEMM 1 is done with its latent tile as ring slots may latent tiles be
+  // written into it: each consumer warp tells every block of the cluster, then waits to be told.
+  // (An mbarrier rather than a cluster barrier split around GEMM 1, which the producer would
+  // have to arrive at before its copies: compute-sanitizer's racecheck and synccheck never
+  // finished that kernel, kernels/06_hopper.md.)
+  __syncwarp();
+  if (warp_leader) arrive_in_every_block(cluster_done_with_gemm1, blocks);
+  wait_for_cluster(cluster_done_with_gemm1, 0);
 #pragma unroll
   for (int pass = 0; pass < kHeldPasses; ++pass) {
     if (pass >= passes) break;
