@@ -88,12 +88,12 @@ def _load(step: steps.Step, variant: str, source) -> steps.Kernel:
 def _threads_of_wrong(step: steps.Step, kernel: steps.Kernel, verdict: check.Verdict) -> str:
     """For a step whose launch geometry mla_lab.writers knows: which threads wrote the wrong
     elements of a fresh run at the failing shape."""
-    if step.number not in writers.THREADS:
+    if step.number not in writers.KNOWN_STEPS:
         return ""
     inputs = make_inputs(verdict.shape, verdict.dtype, "cuda", seed=7)
     out = check.run_poisoned(kernel, inputs, verdict.shape.heads, verdict.shape)
     mask = failure_map.wrong_elements(out, oracle(inputs, verdict.shape.heads), check.tolerance(kernel, verdict.dtype))
-    where = writers.written_by(step.number, mask.cpu(), verdict.shape)
+    where = writers.written_by(step.number, mask.cpu(), verdict.shape, verdict.dtype, writers.Gpu.current())
     return f"; {where}" if where else ""
 
 
