@@ -120,3 +120,102 @@ def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_5_mistake(tmp_pat
     path.write_text(planted)
     result = grade_file(path, "ex05", quiet=True)
     assert result.status == "wrong" and "warp 2 of" in result.line and "lanes 12-15" in result.line, result.line
+
+
+def test_step_8s_splits_and_lanes():
+    assert writers.bulk_mma_splits(TOY, H100) == 4  # 24 token tiles x 6 blocks would not fit one wave of 132 SMs
+    assert writers.bulk_mma_splits(TOY.with_tokens(1, 16), H100) == 8
+    assert writers.bulk_mma_splits(TOY.with_tokens(1, 1024), H100) == 2
+    token, column = _token_and_column(TOY)
+    # TOY's 256 [k | v] columns in 4 slices of 64: warp 2 stores columns 16-23 of each slice, lanes 4-7 rows 1 and 9
+    mask = (column % 64 // 8 == 2) & (token % 8 == 1)
+    assert writers.written_by(8, mask, TOY, torch.bfloat16, H100) == "written by warp 2 of every block, lanes 4-7"
+
+
+def test_step_8s_plan_is_the_kernels_own():
+    source = (steps.REPO / "solutions" / "08_bulk_mma.cu").read_text()
+    assert "for (int s = 4; s <= kMaxSplits; s += 2)" in source and "constexpr int kMaxSplits = 8;" in source
+    assert "(2 * p.heads * p.head_dim) % (8 * s) == 0 && tiles * s <= mla::multiprocessor_count()" in source
+    assert "for (int n0 = warp * 8; n0 < g.slice; n0 += kWarps * 8)" in source and "constexpr int kTokens = 16;" in source
+
+
+def test_step_11s_rows_per_tile_and_its_storing_threads():
+    from mla_lab.problem import V2_LITE
+
+    assert writers.decode_rows(V2_LITE.with_tokens(1, 16), torch.bfloat16) == 16
+    assert writers.decode_rows(V2_LITE.with_tokens(1, 64), torch.bfloat16) == 64
+    shape = V2_LITE.with_tokens(1, 20)
+    token, column = _token_and_column(shape)
+    # 16-token tiles: row 5 of each tile is elements 40-47 of the threads' walk, warp 1's lanes 8-15
+    mask = token % 16 == 5
+    assert writers.written_by(11, mask, shape, torch.bfloat16) == "written by warp 1 of every block, lanes 8-15"
+
+
+def test_step_11s_plan_is_the_kernels_own():
+    source = (steps.REPO / "solutions" / "11_decode.cu").read_text()
+    for fact in ("constexpr int kThreads = 256;", "constexpr int kColumns = 32;", "constexpr int kSharedBudget = 227 * 1024;",
+                 "kWeightPitch = kColumns + 8;", "constexpr int kPartialPitch = kColumns + 8;",
+                 "return depth + 16 / int(sizeof(T));", "if (row_tiles == 4 && tokens < 64) continue;",
+                 "const int m = e / (kColumns / 4) * splits + rank, group = e % (kColumns / 4);",
+                 "launch_pass(up, 1, stream)"):
+        assert fact in source, fact
+
+
+def _plant_and_grade(tmp_path, solution: str, exercise: str, line: str, planted: str):
+    source = (steps.REPO / "solutions" / solution).read_text()
+    assert source.count(line) == 1
+    path = tmp_path / solution
+    path.write_text(source.replace(line, planted))
+    return grade_file(path, exercise, quiet=True)
+
+
+@pytest.mark.gpu
+def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_8_mistake(tmp_path):
+    line = "    if (gid < rows) store_pair(row, c[0], c[1]);\n"
+    result = _plant_and_grade(tmp_path, "08_bulk_mma.cu", "ex08", line,
+                              "    c[0] += float(warp == 2 && gid == 1);\n" + line)
+    assert result.status == "wrong" and "warp 2 of" in result.line and "lanes 4-7" in result.line, result.line
+
+
+@pytest.mark.gpu
+def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_11_mistake(tmp_path):
+    """GEMM 2's pass only (GEMM 1's writes the latent, which every output element reads)."""
+    line = "      store_four(p.out + int64_t(token) * p.out_pitch + column, sum);\n"
+    planted = "      if (p.after_primary && threadIdx.x / 32 == 1 && threadIdx.x % 32 / 8 == 1) sum.x += 1.0f;\n" + line
+    result = _plant_and_grade(tmp_path, "11_decode.cu", "ex11", line, planted)
+    assert result.status == "wrong" and "warp 1 of" in result.line and "lanes 8-15" in result.line, result.line
+
+
+def test_step_7s_pass_width_and_its_storing_threads():
+    from mla_lab.problem import V2_LITE
+
+    # two splits of 4 column tiles still fit 48 token tiles in one wave of 132 SMs; three would take two
+    assert writers.cheapest_column_split(132, 48, 4, 100.0, 10.0, 64) == (2, 120.0)
+    assert writers.latency_pass_width(TOY, H100) == 128
+    assert writers.latency_pass_width(V2_LITE.with_tokens(1, 8), H100) == 32  # one token tile: 128 blocks of 32 columns
+    token, column = _token_and_column(TOY)
+    # TOY's passes are 128 columns wide: thread t takes token t // 128 and column t % 128 of the pass, and
+    # every 512th result after, so warp 3 holds columns 96-127 of tokens 0 and 4 of every 8-token tile
+    mask = (token % 4 == 0) & (column % 128 >= 96)
+    assert writers.written_by(7, mask, TOY, torch.float32, H100) == "written by warp 3 of every block, all 32 lanes"
+
+
+def test_step_7s_plan_is_the_kernels_own():
+    source = (steps.REPO / "solutions" / "07_latency.cu").read_text()
+    for fact in ("constexpr int kThreads = 512;", "constexpr int kTokens = 8;", "constexpr int kMaxPassShift = 8;",
+                 "for (int pass = 1 << kMaxPassShift; pass >= 32; pass /= 2)",
+                 "slots, token_tiles, mla::ceil_div(2 * g.width, pass), double(g.d_model) * double(g.rank),\n"
+                 "        double(g.rank) * pass, 1024);",
+                 "for (int e = threadIdx.x; e < kTokens << s.pass_shift; e += kThreads)",
+                 "const int m = e >> s.pass_shift, c = e & (pass_width - 1);"):
+        assert fact in source, fact
+    common = (steps.REPO / "kernels" / "mla_common.cuh").read_text()
+    assert "const double cost = waves * (latent_work + column_tile_work * double(ceil_div(column_tiles, splits)));" in common
+
+
+@pytest.mark.gpu
+def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_7_mistake(tmp_path):
+    line = "        out[(token0 + m) * (2 * g.width) + s.column0 + c] = mla::from_float<T>(sum);\n"
+    planted = line.replace("(sum)", "(sum + float(threadIdx.x / 32 == 3 && threadIdx.x % 32 < 4))")
+    result = _plant_and_grade(tmp_path, "07_latency.cu", "ex07", line, planted)
+    assert result.status == "wrong" and "warp 3 of" in result.line and "lanes 0-3" in result.line, result.line
