@@ -283,3 +283,12 @@ def test_compare_refuses_to_time_a_wrong_kernel():
         bench.compare({"right": right, "zeros": writes_zeros}, TOY, torch.bfloat16, with_peers=False)
     timings = bench.compare({"right": right}, TOY, torch.bfloat16)
     assert [t.name for t in timings] == ["right", "eager", "cuBLAS concat"] and all(t.median_us > 0 for t in timings)
+
+
+@pytest.mark.parametrize("rank", [520, 700, 12296])
+def test_the_dispatcher_is_correct_at_latent_widths_past_the_tensor_core_tiles(rank):
+    """mla_lab.project at ranks only the first steps take: step 4 to 640, step 2 to 12,288, step 1 beyond."""
+    shape = Shape(1, 5, 64, rank, 2, 16)
+    inputs = make_inputs(shape, torch.float32, "cuda")
+    assert dispatch.choose(*inputs[:4]) == dispatch.widest_step(rank)
+    assert check.check(dispatch.project, shape, torch.float32, "cuda", trials=1).ok
