@@ -25,6 +25,7 @@ THREADS = {1: 256, 2: 256, 3: 256, 4: 512}
 # from the most reuse of a staged slice to the most blocks; the first that suits the launch runs.
 TENSOR_CORE_TILES = ((64, 256, 2, 8), (32, 128, 1, 4), (16, 64, 1, 4))
 KNOWN_STEPS = (*THREADS, 5, 7, 8, 11)
+PLANS_READ_THE_GPU = (5, 7, 8)  # SM count, shared memory per block
 # Step 5's threads compute their results in mma's accumulator layout and store them through
 # shared memory: its clause names the threads whose fragments held the wrong values.
 VERB = {5: "computed by"}
@@ -60,8 +61,9 @@ def tensor_core_tile(shape: Shape, dtype: torch.dtype, gpu: Gpu) -> tuple[int, i
 def thread_ids(step: int, shape: Shape, dtype: torch.dtype = torch.float32,
                gpu: Gpu | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(block, thread within its block) of the thread that writes (for step 5: computes) each
-    (B, S, 2, H, hd) element; None for a step this module does not know, or step 5 without a GPU."""
-    if step not in KNOWN_STEPS or (step in (5, 7, 8) and gpu is None):
+    (B, S, 2, H, hd) element; None for a step this module does not know, or without `gpu` for a
+    step whose launch plan reads the GPU."""
+    if step not in KNOWN_STEPS or (step in PLANS_READ_THE_GPU and gpu is None):
         return None
     flat = torch.arange(shape.tokens * 2 * shape.width).reshape(shape.out_shape)
     if step == 1:  # one thread per element, in order (a grid-stride loop that never wraps at these sizes)
