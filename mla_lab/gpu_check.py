@@ -1,7 +1,7 @@
 """The whole GPU validation in three parts, ending with a short table: what ran, whether it
 passed, how long it took, its last line. Measured stages on an H100: the GPU tests 2 minutes, the
-sweep 6 to 7, the notebooks 4, nbval 3, profiles under 1. Where a sitting is shorter than a part,
-run its stages in turns with --only.
+sweep 6 to 7, the notebooks 2 to 4, nbval 2 to 3, the lane 2, profiles under 1. Where a sitting is
+shorter than a part, run its stages in turns with --only.
 
   validate  every step checked on the shape matrix, the GPU tests (the known-wrong kernels of
             tests/wrong_kernels/ among them), the grader over every solution (correct) and every
