@@ -43,6 +43,15 @@ class Gpu:
         return cls(props.multi_processor_count, props.shared_memory_per_block_optin)
 
 
+H100 = Gpu(multiprocessors=132, shared_bytes_optin=227 * 1024)  # the GPU of the stored results (SXM)
+
+
+def token_and_column(shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each (B, S, 2, H, hd) output element's token and its column among the token's 2 * H * hd."""
+    flat = torch.arange(shape.tokens * 2 * shape.width).reshape(shape.out_shape)
+    return flat // (2 * shape.width), flat % (2 * shape.width)
+
+
 def tensor_core_tile(shape: Shape, dtype: torch.dtype, gpu: Gpu) -> tuple[int, int, int, int]:
     """The tile step 5 launches for this shape on this GPU (its `launch` and `suits`): the first
     that still gives every SM a block and whose latent tile fits beside two staged slices."""
@@ -65,10 +74,10 @@ def thread_ids(step: int, shape: Shape, dtype: torch.dtype = torch.float32,
     step whose launch plan reads the GPU."""
     if step not in KNOWN_STEPS or (step in PLANS_READ_THE_GPU and gpu is None):
         return None
-    flat = torch.arange(shape.tokens * 2 * shape.width).reshape(shape.out_shape)
+    token, column = token_and_column(shape)
     if step == 1:  # one thread per element, in order (a grid-stride loop that never wraps at these sizes)
+        flat = token * 2 * shape.width + column
         return flat // THREADS[1], flat % THREADS[1]
-    token, column = flat // (2 * shape.width), flat % (2 * shape.width)
     if step == 2:  # one block per token; its threads take the 2 * width columns in turn
         return token, column % THREADS[2]
     if step == 3:  # a block owns 32 tokens; warp w holds rows 4w .. 4w + 3 of them, lane l columns l, l + 32, ...

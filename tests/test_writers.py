@@ -9,6 +9,14 @@ from mla_lab import TOY, steps, writers
 from mla_lab.grade import grade_file
 
 
+def _plant_and_grade(tmp_path, solution: str, exercise: str, line: str, planted: str):
+    source = (steps.REPO / "solutions" / solution).read_text()
+    assert source.count(line) == 1
+    path = tmp_path / solution
+    path.write_text(source.replace(line, planted))
+    return grade_file(path, exercise, quiet=True)
+
+
 def test_one_bad_warp_is_named_in_every_block():
     block, thread = writers.thread_ids(1, TOY)
     line = writers.written_by(1, thread // 32 == 1, TOY)
@@ -36,19 +44,14 @@ def test_a_step_without_a_formula_says_nothing():
 def test_step_3s_warps_hold_rows_and_its_lanes_columns():
     block, thread = writers.thread_ids(3, TOY)
     # one row of every token tile, in every column: the rows of warp 2 (tokens 8-11 of each tile)
-    token = torch.arange(TOY.tokens).reshape(TOY.batch, TOY.seq, 1, 1, 1).expand(TOY.out_shape)
+    token, _ = writers.token_and_column(TOY)
     mask = (token % 32 >= 8) & (token % 32 < 12)
     assert writers.written_by(3, mask, TOY) == "written by warp 2 of every block, all 32 lanes"
     assert int(block.max()) == TOY.tokens // 32 - 1
 
 
-def _token_and_column(shape):
-    flat = torch.arange(shape.tokens * 2 * shape.width).reshape(shape.out_shape)
-    return flat // (2 * shape.width), flat % (2 * shape.width)
-
-
 def test_step_4s_warps_hold_columns_and_its_lanes_token_groups():
-    token, column = _token_and_column(TOY)
+    token, column = writers.token_and_column(TOY)
     # warp 3 holds columns 96-127 of the 512-column tile; lanes 8-15 the tokens 1, 5, 9, ... of a tile
     mask = (column % 512 // 32 == 3) & (token % 4 == 1)
     assert writers.written_by(4, mask, TOY) == "written by warp 3 of every block, lanes 8-15"
@@ -68,17 +71,13 @@ def test_step_4s_formula_uses_the_kernels_own_geometry():
 @pytest.mark.gpu
 def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_4_mistake(tmp_path):
     """ex04 with one mistake in warp 3, lanes 8-15: the failure line must say so."""
-    source = (steps.REPO / "solutions" / "04_vectorized.cu").read_text()
     store = "        if (token >= p.tokens) break;\n"
-    assert source.count(store) == 1
-    planted = source.replace(store, store + "        if (threadIdx.x / 32 == 3 && threadIdx.x % 32 / 8 == 1) acc[i][j][0] += 1.0f;\n")
-    path = tmp_path / "04_vectorized.cu"
-    path.write_text(planted)
-    result = grade_file(path, "ex04", quiet=True)
+    result = _plant_and_grade(tmp_path, "04_vectorized.cu", "ex04", store,
+                              store + "        if (threadIdx.x / 32 == 3 && threadIdx.x % 32 / 8 == 1) acc[i][j][0] += 1.0f;\n")
     assert result.status == "wrong" and "warp 3 of" in result.line and "lanes 8-15" in result.line, result.line
 
 
-H100 = writers.Gpu(multiprocessors=132, shared_bytes_optin=227 * 1024)
+H100 = writers.H100
 A100 = writers.Gpu(multiprocessors=108, shared_bytes_optin=163 * 1024)
 
 
@@ -102,7 +101,7 @@ def test_step_5s_tiles_and_paddings_are_the_kernels_own():
 
 
 def test_step_5s_lanes_follow_the_mma_accumulator_layout():
-    token, column = _token_and_column(TOY)
+    token, column = writers.token_and_column(TOY)
     # TOY runs 16-token, 64-column tiles with 4 warps across: warp 2 holds columns 32-47 of a tile,
     # and lanes 12-15 rows 3 and 11 of every 16 x 8 mma tile
     mask = (column % 64 // 16 == 2) & (token % 8 == 3)
@@ -112,13 +111,9 @@ def test_step_5s_lanes_follow_the_mma_accumulator_layout():
 @pytest.mark.gpu
 def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_5_mistake(tmp_path):
     """ex05 with one mistake in the fragments of warp 2, lanes 12-15: the failure line must say so."""
-    source = (steps.REPO / "solutions" / "05_tensor_cores.cu").read_text()
     store = "      store_pair(out_tile + row * C::kStrideB + column, x, y);\n"
-    assert source.count(store) == 1
-    planted = source.replace(store, store.replace(", x, y)", ", x + (threadIdx.x / 32 == 2 && threadIdx.x % 32 / 4 == 3), y)"))
-    path = tmp_path / "05_tensor_cores.cu"
-    path.write_text(planted)
-    result = grade_file(path, "ex05", quiet=True)
+    result = _plant_and_grade(tmp_path, "05_tensor_cores.cu", "ex05", store,
+                              store.replace(", x, y)", ", x + (threadIdx.x / 32 == 2 && threadIdx.x % 32 / 4 == 3), y)"))
     assert result.status == "wrong" and "warp 2 of" in result.line and "lanes 12-15" in result.line, result.line
 
 
@@ -126,7 +121,7 @@ def test_step_8s_splits_and_lanes():
     assert writers.bulk_mma_splits(TOY, H100) == 4  # 24 token tiles x 6 blocks would not fit one wave of 132 SMs
     assert writers.bulk_mma_splits(TOY.with_tokens(1, 16), H100) == 8
     assert writers.bulk_mma_splits(TOY.with_tokens(1, 1024), H100) == 2
-    token, column = _token_and_column(TOY)
+    token, column = writers.token_and_column(TOY)
     # TOY's 256 [k | v] columns in 4 slices of 64: warp 2 stores columns 16-23 of each slice, lanes 4-7 rows 1 and 9
     mask = (column % 64 // 8 == 2) & (token % 8 == 1)
     assert writers.written_by(8, mask, TOY, torch.bfloat16, H100) == "written by warp 2 of every block, lanes 4-7"
@@ -145,7 +140,7 @@ def test_step_11s_rows_per_tile_and_its_storing_threads():
     assert writers.decode_rows(V2_LITE.with_tokens(1, 16), torch.bfloat16) == 16
     assert writers.decode_rows(V2_LITE.with_tokens(1, 64), torch.bfloat16) == 64
     shape = V2_LITE.with_tokens(1, 20)
-    token, column = _token_and_column(shape)
+    token, column = writers.token_and_column(shape)
     # 16-token tiles: row 5 of each tile is elements 40-47 of the threads' walk, warp 1's lanes 8-15
     mask = token % 16 == 5
     assert writers.written_by(11, mask, shape, torch.bfloat16) == "written by warp 1 of every block, lanes 8-15"
@@ -159,14 +154,6 @@ def test_step_11s_plan_is_the_kernels_own():
                  "const int m = e / (kColumns / 4) * splits + rank, group = e % (kColumns / 4);",
                  "launch_pass(up, 1, stream)"):
         assert fact in source, fact
-
-
-def _plant_and_grade(tmp_path, solution: str, exercise: str, line: str, planted: str):
-    source = (steps.REPO / "solutions" / solution).read_text()
-    assert source.count(line) == 1
-    path = tmp_path / solution
-    path.write_text(source.replace(line, planted))
-    return grade_file(path, exercise, quiet=True)
 
 
 @pytest.mark.gpu
@@ -193,7 +180,7 @@ def test_step_7s_pass_width_and_its_storing_threads():
     assert writers.cheapest_column_split(132, 48, 4, 100.0, 10.0, 64) == (2, 120.0)
     assert writers.latency_pass_width(TOY, H100) == 128
     assert writers.latency_pass_width(V2_LITE.with_tokens(1, 8), H100) == 32  # one token tile: 128 blocks of 32 columns
-    token, column = _token_and_column(TOY)
+    token, column = writers.token_and_column(TOY)
     # TOY's passes are 128 columns wide: thread t takes token t // 128 and column t % 128 of the pass, and
     # every 512th result after, so warp 3 holds columns 96-127 of tokens 0 and 4 of every 8-token tile
     mask = (token % 4 == 0) & (column % 128 >= 96)
