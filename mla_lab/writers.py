@@ -1,7 +1,6 @@
 """Which block, warp and lane wrote each output element, under a step's launch geometry: the last
 clause of the grader's failure line ("written by warp 1 of every block"), for the steps whose
-geometry is one formula of the output index and of the launch plan (every exercise's step but step
-6, whose cluster size comes from cudaOccupancyMaxActiveClusters on the kernel itself).
+geometry is one formula of the output index and of the launch plan (every exercise's step).
 
 A mistake in a kernel's indexing usually falls on a pattern of threads, not of heads or tokens: a
 warp that offsets into the wrong half, a last block that misses its tail. Said in threads, it
@@ -24,11 +23,16 @@ THREADS = {1: 256, 2: 256, 3: 256, 4: 512}
 # Step 5's tiles (solutions/05_tensor_cores.cu: Config<T, tokens, columns, warps down, warps across>),
 # from the most reuse of a staged slice to the most blocks; the first that suits the launch runs.
 TENSOR_CORE_TILES = ((64, 256, 2, 8), (32, 128, 1, 4), (16, 64, 1, 4))
-KNOWN_STEPS = (*THREADS, 5, 7, 8, 11)
+KNOWN_STEPS = (*THREADS, 5, 6, 7, 8, 11)
 PLANS_READ_THE_GPU = (5, 7, 8)  # SM count, shared memory per block
-# Step 5's threads compute their results in mma's accumulator layout and store them through
-# shared memory: its clause names the threads whose fragments held the wrong values.
-VERB = {5: "computed by"}
+# Steps 5 and 6 compute their results in an mma accumulator layout and move them between threads
+# (through shared memory, or shuffles) before storing: their clause names the threads whose
+# fragments held the wrong values.
+VERB = {5: "computed by", 6: "computed by"}
+# Step 6's block numbers and which consumer warpgroup takes an output tile follow its cluster plan,
+# which reads cudaOccupancyMaxActiveClusters on the kernel itself: its clause names a warp within a
+# consumer warpgroup, and blocks by the 128-token tile they share.
+HOPPER_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,12 @@ def thread_ids(step: int, shape: Shape, dtype: torch.dtype = torch.float32,
         row, column_in_tile = token % tokens, column % columns
         warp = row // (tokens // warps_down) * warps_across + column_in_tile // (columns // warps_across)
         return token // tokens, warp * WARP + _accumulator_lane(row, column_in_tile)
+    if step == 6:
+        if not hopper_takes(shape, dtype):
+            return None  # the binding runs step 5 there, not the exercise's kernel
+        # warp w of the consumer warpgroup holds rows 16w .. 16w + 15 of its 64; in each 8-column
+        # group of wgmma's accumulator, lane l holds rows l / 4 and l / 4 + 8, columns 2 * (l % 4), + 1
+        return token // HOPPER_TOKENS, token % 64 // 16 * WARP + _accumulator_lane(token, column)
     if step == 7:
         # a block owns 8 tokens (blockIdx.x; its column split, blockIdx.y, is left out); at the end
         # of each GEMM 2 pass its 512 threads take the pass's (token, column) results in turn
@@ -110,6 +120,13 @@ def thread_ids(step: int, shape: Shape, dtype: torch.dtype = torch.float32,
     # its (row, 4-column group) pairs in turn, 8 groups to a row
     rows = decode_rows(shape, dtype)
     return column // 32, (token % rows * 8 + column % 32 // 4) % 256
+
+
+def hopper_takes(shape: Shape, dtype: torch.dtype) -> bool:
+    """Whether step 6's own kernel runs this shape (its `takes_fast_path`, on a Hopper GPU with
+    16-byte aligned tensors)."""
+    return (dtype == torch.bfloat16 and shape.d_model % 8 == 0 and shape.rank % 8 == 0 and shape.rank <= 512
+            and shape.width % 64 == 0)
 
 
 def _accumulator_lane(row: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
@@ -181,6 +198,11 @@ def written_by(step: int, mask: torch.Tensor, shape: Shape, dtype: torch.dtype =
             return f"all {len(every)} {plural}" if len(every) > 1 else f"the one {noun}"
         return f"{noun if len(hit) == 1 else plural} {ranges(hit)}"
 
-    blocks = part(block, "block", "blocks")
-    blocks = "every block" if blocks.startswith(("all ", "the one ")) else blocks
+    if step == 6:
+        blocks = part(block, "128-token tile", "128-token tiles")
+        blocks = "a consumer warpgroup in " + (
+            "every block" if blocks.startswith(("all ", "the one ")) else f"the blocks of {blocks}")
+    else:
+        blocks = part(block, "block", "blocks")
+        blocks = "every block" if blocks.startswith(("all ", "the one ")) else blocks
     return f"{VERB.get(step, 'written by')} {part(warp, 'warp', 'warps')} of {blocks}, {part(lane, 'lane', 'lanes')}"

@@ -7,6 +7,7 @@ import torch
 
 from mla_lab import TOY, steps, writers
 from mla_lab.grade import grade_file
+from mla_lab.problem import Shape
 
 
 def _plant_and_grade(tmp_path, solution: str, exercise: str, line: str, planted: str):
@@ -37,7 +38,8 @@ def test_one_lane_in_step_2s_column_loop():
 
 
 def test_a_step_without_a_formula_says_nothing():
-    assert writers.written_by(6, torch.ones(TOY.out_shape, dtype=torch.bool), TOY) is None
+    assert writers.written_by(9, torch.ones(TOY.out_shape, dtype=torch.bool), TOY) is None
+    assert writers.written_by(6, torch.ones(TOY.out_shape, dtype=torch.bool), TOY) is None  # fp32 runs step 5
     assert writers.written_by(5, torch.ones(TOY.out_shape, dtype=torch.bool), TOY) is None  # its tile needs the GPU
 
 
@@ -206,3 +208,38 @@ def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_7_mistake(tmp_pat
     planted = line.replace("(sum)", "(sum + float(threadIdx.x / 32 == 3 && threadIdx.x % 32 < 4))")
     result = _plant_and_grade(tmp_path, "07_latency.cu", "ex07", line, planted)
     assert result.status == "wrong" and "warp 3 of" in result.line and "lanes 0-3" in result.line, result.line
+
+
+def test_step_6s_warps_hold_rows_of_a_consumer_warpgroup_and_its_lanes_the_wgmma_fragment():
+    shape = TOY.with_tokens(1, 300)
+    token, column = writers.token_and_column(shape)
+    # row 19 of every 128-token tile is row 3 of warp 1's 16; columns 0, 2, 4 and 6 of an output tile
+    # start the fragments of lanes 12-15
+    mask = (token % 128 == 19) & (column % 128 < 8) & (column % 2 == 0)
+    assert writers.written_by(6, mask, shape, torch.bfloat16) == \
+        "computed by warp 1 of a consumer warpgroup in every block, lanes 12-15"
+    assert writers.written_by(6, mask & (token < 128), shape, torch.bfloat16) == \
+        "computed by warp 1 of a consumer warpgroup in the blocks of 128-token tile 0, lanes 12-15"
+    narrow = Shape(1, 300, 256, 48, 3, 32)  # 96 columns a head: the binding runs step 5
+    assert writers.written_by(6, torch.ones(narrow.out_shape, dtype=torch.bool), narrow, torch.bfloat16) is None
+
+
+def test_step_6s_geometry_is_the_kernels_own():
+    source = (steps.REPO / "solutions" / "06_hopper.cu").read_text()
+    for fact in ("constexpr int kTokens = 128;", "constexpr int kColumns = 128;", "constexpr int kMaxRank = 512;",
+                 "const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;",
+                 "const int row = warp * 16 + lane / 4, column = 8 * i + lane % 4 * 2;",
+                 "if (index % 2 != consumer) continue;",
+                 "p->d_model % 8 == 0 && p->rank % 8 == 0 && p->rank <= kMaxRank &&\n"
+                 "         p->heads * p->head_dim % 64 == 0"):
+        assert fact in source, fact
+
+
+@pytest.mark.gpu
+def test_the_grader_names_the_warp_and_lanes_of_a_planted_step_6_mistake(tmp_path):
+    """One fragment of GEMM 2's upper rows wrong: warp 1 of the warpgroup, lanes 12-15, row 19 of a tile."""
+    line = "    store_tile(upper, out, token0, s.tokens, columns, column0);\n"
+    planted = "    if (threadIdx.x / 32 % 4 == 1 && threadIdx.x % 32 / 4 == 3) upper[0] += 1.0f;\n" + line
+    result = _plant_and_grade(tmp_path, "06_hopper.cu", "ex06", line, planted)
+    assert result.status == "wrong" and "warp 1 of a consumer warpgroup" in result.line and "lanes 12-15" in result.line, \
+        result.line
