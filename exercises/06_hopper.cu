@@ -10,7 +10,8 @@
 //   warpgroup keeps a ring full while two consumer warpgroups compute (ping-pong in GEMM 2).
 // - A cluster of up to 4 blocks shares a 128-token tile: each computes part of the latent and
 //   copies it into the others' shared memory; groups of clusters split GEMM 1 through global
-//   memory when the whole grid is resident.
+//   memory when the whole grid is resident, for a few tokens along d_model too (fp32 sums), so
+//   that no block streams all of w_down alone.
 // Runs bf16 on sm_90 with d_model, rank multiples of 8, heads * head_dim of 64, rank <= 512 and
 // 16-byte aligned tensors (mla_takes); the binding runs everything else on step 5.
 // Measurements and the variants not kept: kernels/06_hopper.md.
@@ -69,8 +70,14 @@ struct Shapes {
   // and exchange their slices through `scratch` in global memory, `ready` counting the writers.
   int exchange;
   int latent_tiles;  // scratch rows hold latent_tiles * kColumns columns
+  // With splits > 1 (clusters of one block), `splits` blocks share each latent tile, each summing
+  // split_chunks 64-deep chunks of d_model into `sums` (fp32, laid out as scratch); `arrivals`
+  // counts them per latent tile, and the last to arrive writes the tile's bf16 scratch.
+  int splits, split_chunks;
   __nv_bfloat16* scratch;
   unsigned* ready;
+  unsigned* arrivals;
+  float* sums;
 };
 
 // ---- the cluster ---------------------------------------------------------------------------
@@ -120,6 +127,13 @@ __device__ __forceinline__ void copy_to_block(uint32_t local, uint32_t rank, uin
 // ---- one token tile's groups, through global memory ----------------------------------------
 __device__ __forceinline__ void count_writer(unsigned* counter) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+// Adds 1 to `counter` and returns whether this was the arrival that brought it to `arrivals`;
+// acquires what the earlier arrivals released.
+__device__ __forceinline__ bool last_to_arrive(unsigned* counter, unsigned arrivals) {
+  unsigned before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+  return before + 1 == arrivals;
 }
 __device__ __forceinline__ void wait_for_writers(const unsigned* counter, unsigned writers) {
   unsigned seen = 0;
@@ -218,6 +232,36 @@ __device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16
   store_tile(pairs, out, first_token, tokens, columns, column0);
 }
 
+// Adds this warpgroup's 64 x 128 tile to rows first_token.. of `sums` (tokens past the last left
+// out), a pair of fp32 reductions at a time.
+__device__ __forceinline__ void add_to_sums(const Accumulator& acc, float* __restrict__ sums, int64_t first_token,
+                                            int64_t tokens, int64_t columns, int64_t column0) {
+  for_each_pair([&](int row, int column, int pair) {
+    if (first_token + row < tokens) {
+      float* at = sums + (first_token + row) * columns + column0 + column;
+      asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(at), "f"(acc[2 * pair]),
+                   "f"(acc[2 * pair + 1]) : "memory");
+    }
+  });
+}
+
+// The consumers (256 threads) round one 128 x 128 tile of `sums` to bf16 in `scratch` (same
+// layout), 8 columns per load and store; rows past the last token are written as zeros.
+__device__ __forceinline__ void round_sums(const float* __restrict__ sums, __nv_bfloat16* __restrict__ scratch,
+                                           int64_t first_token, int64_t tokens, int64_t columns,
+                                           int64_t column0) {
+  for (int unit = threadIdx.x - 128; unit < kTokens * kColumns / 8; unit += 256) {
+    const int64_t token = first_token + unit / (kColumns / 8), at = token * columns + column0 + unit % (kColumns / 8) * 8;
+    float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+    if (token < tokens) {
+      lo = __ldcg(reinterpret_cast<const float4*>(sums + at));
+      hi = __ldcg(reinterpret_cast<const float4*>(sums + at + 4));
+    }
+    mla::store_whole<mla::Space::kGlobal>(scratch + at, make_uint4(mla::pack_bf16(lo.x, lo.y), mla::pack_bf16(lo.z, lo.w),
+                                                                   mla::pack_bf16(hi.x, hi.y), mla::pack_bf16(hi.z, hi.w)));
+  }
+}
+
 // Byte offset of latent element (row, column) in the K-major, 128-byte swizzled tile: 64-column
 // chunks of 128 rows, and within a row the 16-byte units permuted by row % 8 (what TMA does to
 // the hidden tile, so both GEMMs read their A operand the same way).
@@ -265,12 +309,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int output_tiles = int(columns / kColumns);  // width % 64 == 0, so no partial tile
   const int first_tile = group * int(blocks) + int(rank), tile_step = s.groups * int(blocks);
   const int down_chunks = int(mla::ceil_div(s.d_model, kChunk));
+  const bool split = s.splits > 1;
   const int up_stages = int(mla::ceil_div(s.rank, kUpDepth));
   // Block r of the cluster computes latent tiles owner(r) * s.passes .. (adjacent owners).
   auto first_latent_tile_of = [&](uint32_t r) { return (s.exchange ? group * int(blocks) + int(r) : int(r)) * s.passes; };
   auto passes_of = [&](uint32_t r) { return max(0, min(s.passes, s.latent_tiles - first_latent_tile_of(r))); };
-  const int first_latent_tile = first_latent_tile_of(rank);
-  const int passes = passes_of(rank);
+  // Split along d_model, group g sums chunks of latent tile g / splits (part g % splits).
+  const int first_latent_tile = split ? group / s.splits : first_latent_tile_of(rank);
+  const int first_chunk = split ? group % s.splits * s.split_chunks : 0;
+  const int chunks = split ? max(0, min(s.split_chunks, down_chunks - first_chunk)) : down_chunks;
+  const int passes = split ? int(first_latent_tile < s.latent_tiles && chunks > 0) : passes_of(rank);
   const int64_t token_tile = token0 / kTokens;
 
   if (threadIdx.x == 0) {
@@ -299,9 +347,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         barrier_wait(ring.empty_bar(it), ring.parity(it) ^ 1);
         barrier_expect_bytes(ring.full_bar(it), bytes);
       };
-      const int gemm1_slots = passes * down_chunks;
+      const int gemm1_slots = passes * chunks;
       for (int it = 0; it < gemm1_slots; ++it) {
-        const int pass = it / down_chunks, chunk = it % down_chunks;
+        const int pass = it / chunks, chunk = first_chunk + it % chunks;
         const int column0 = (first_latent_tile + pass) * kColumns;
         acquire(down_ring, it, kStageBytes);
         tma_load(down_ring.slot(it), hidden_map, chunk * kChunk, int(token0), down_ring.full_bar(it));
@@ -311,9 +359,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles
-        wait_for_writers(s.ready + token_tile, unsigned(s.groups) * blocks);
+        // (split along d_model: every tile, once its last part has rounded it)
+        wait_for_writers(s.ready + token_tile, split ? unsigned(s.latent_tiles) : unsigned(s.groups) * blocks);
         asm volatile("fence.proxy.async.global;" ::: "memory");  // generic writes, TMA reads
-        auto foreign = [&](int t) { return t / s.passes / int(blocks) != group; };  // another group's
+        auto foreign = [&](int t) { return split || t / s.passes / int(blocks) != group; };  // another group's
         int foreign_tiles = 0;
         for (int t = 0; t < s.latent_tiles; ++t) foreign_tiles += foreign(t);
         barrier_expect_bytes(latent_loaded, uint32_t(foreign_tiles) * 2 * kLatentChunkBytes);
@@ -379,11 +428,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (pass >= passes) break;
     Accumulator acc;
     zero(acc);
-    run_slots(down_ring, pass * down_chunks, down_chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
+    run_slots(down_ring, pass * chunks, chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
       // TODO(ex06): GEMM 1 on one slot: one wgmma_64x128x16 into acc per 16 depths of the slot's kChunk. The invariants: the slot holds the block's hidden rows first (one row of kRowBytes per token, 128-byte swizzled; this consumer's 64 rows start consumer * 64 rows in), then after kHiddenBytes w_down's box (one row of kRowBytes per depth). A descriptor (descriptor(start, leading byte offset, stride byte offset)) of these swizzled tiles strides 1024 bytes from one 8-row group to the next; B's leading byte offset is the box's size, kDownBoxBytes, A's is 16 (unused under the swizzle). 16 depths are 32 bytes along a hidden row, but 16 rows down w_down's box
       MLA_NOT_IMPLEMENTED();
     }, [] {});
     fence_registers(acc);
+    if (split) {
+      add_to_sums(acc, s.sums, token0 + consumer * 64, s.tokens, int64_t(s.latent_tiles) * kColumns,
+                  first_latent_tile * kColumns);
+      break;
+    }
     pack_pairs(acc, latent_pairs[pass]);
     if (s.exchange) {
       const int64_t scratch_columns = int64_t(s.latent_tiles) * kColumns;
@@ -391,7 +445,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                  (first_latent_tile + pass) * kColumns);
     }
   }
-  if (s.exchange) {  // this block's slice is in global memory: count it, once all 256 threads wrote
+  if (split) {  // this block's part is in `sums`: count it; the last part rounds the tile
+    __threadfence();
+    uint32_t last = 0;
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (threadIdx.x == 128 && passes > 0) {
+      last = last_to_arrive(s.arrivals + token_tile * s.latent_tiles + first_latent_tile, unsigned(s.splits));
+    }
+    asm volatile("{\n.reg .pred mine, any;\nsetp.ne.u32 mine, %1, 0;\nbar.red.or.pred any, 1, 256, mine;\n"
+                 "selp.u32 %0, 1, 0, any;\n}\n" : "=r"(last) : "r"(last) : "memory");
+    if (last) {
+      const int64_t scratch_columns = int64_t(s.latent_tiles) * kColumns;
+      round_sums(s.sums, s.scratch, token0, s.tokens, scratch_columns, first_latent_tile * kColumns);
+      __threadfence();
+      asm volatile("bar.sync 1, 256;" ::: "memory");
+      if (threadIdx.x == 128) count_writer(s.ready + token_tile);
+    }
+  } else if (s.exchange) {  // this block's slice is in global memory: count it, once all 256 threads wrote
     __threadfence();
     asm volatile("bar.sync 1, 256;" ::: "memory");
     if (threadIdx.x == 128) count_writer(s.ready + token_tile);
@@ -404,9 +474,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncwarp();
   if (warp_leader) arrive_in_every_block(cluster_done_with_gemm1, blocks);
   wait_for_cluster(cluster_done_with_gemm1, 0);
+  const int held_passes = split ? 0 : passes;
 #pragma unroll
   for (int pass = 0; pass < kHeldPasses; ++pass) {
-    if (pass >= passes) break;
+    if (pass >= held_passes) break;
     const int column0 = (first_latent_tile + pass) * kColumns;
     for_each_pair([&](int row, int column, int pair) {
       const uint32_t where = latent + latent_offset(consumer * 64 + row, column0 + column);
@@ -417,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // then barrier; then one thread copies it into the cluster's other blocks.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   asm volatile("bar.sync 1, 256;" ::: "memory");
-  if (threadIdx.x == 128 && passes > 0) {
+  if (threadIdx.x == 128 && held_passes > 0) {
     for (uint32_t r = 0; r < blocks; ++r) {
       if (r != rank) {
         copy_to_block(latent + first_latent_tile * kLatentTileBytes, r, passes * kLatentTileBytes,
@@ -522,12 +593,23 @@ struct Plan {
   int64_t groups = 1;
   int passes = 0;
   bool exchange = false;
+  int splits = 1, split_chunks = 0;
   int64_t token_tiles = 0, latent_tiles = 0;
-  size_t ready_bytes() const { return size_t(mla::round_up(token_tiles * 4, 256)); }
+  // The workspace: the counters (`ready` per token tile, then `arrivals` per latent tile), the
+  // fp32 sums when split along d_model (both zeroed before each launch), then the bf16 scratch.
+  size_t counter_bytes() const { return size_t(mla::round_up(token_tiles * (1 + latent_tiles) * 4, 256)); }
+  size_t sums_bytes() const { return splits > 1 ? size_t(token_tiles * kTokens * latent_tiles * kColumns * 4) : 0; }
   size_t workspace_bytes() const {
-    return exchange ? ready_bytes() + size_t(token_tiles * kTokens * latent_tiles * kColumns * 2) : 0;
+    return exchange ? counter_bytes() + sums_bytes() + size_t(token_tiles * kTokens * latent_tiles * kColumns * 2) : 0;
   }
 };
+
+// What splitting GEMM 1 along d_model adds to a block's work, in ring slots: the fp32 adds, the
+// last part rounding its tile, the workspace's memset, before the latent tiles load. Read off an
+// H100 A/B (kernels/06_hopper.md): at V2-Lite 1,000 tokens the split was faster (26.7 against
+// 28.7 µs), at 2,048 slower (39.3 against 35.8). Split, those plans cost 20 and 36 slots plus
+// this, against 40 and 48 without: any value from 12 to 20 keeps the faster plan at both.
+constexpr double kSplitSlots = 16.0;
 
 // Cluster size and groups (clusters splitting a token tile's output tiles), the cheapest by waves
 // x one block's work, where a wave is as many clusters as the GPU holds at once (a cluster's
@@ -536,7 +618,9 @@ struct Plan {
 // Groups split GEMM 1 too, exchanging slices through global memory, when the whole grid is
 // resident at once (a block waits for the others' slices) and that saves GEMM 1 passes;
 // otherwise each group recomputes the latent. No block makes more than kHeldPasses passes (so at
-// rank 512 clusters have at least 2 blocks).
+// rank 512 clusters have at least 2 blocks). With more such groups (of one block) than latent
+// tiles, GEMM 1 may be split along d_model as well, so that a few tokens' latent is not one
+// block's stream of every d_model chunk.
 Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_allowed) {
   const int64_t output_tiles = 2 * p->heads * p->head_dim / kColumns;
   const double down_slots = double(mla::ceil_div(p->d_model, kChunk));
@@ -559,10 +643,21 @@ Plan plan_launch(const MlaProblem* p, cudaLaunchConfig_t config, bool exchange_a
       if (passes > kHeldPasses) continue;
       const double cost = double(waves) * (double(passes) * down_slots +
                                             double(mla::ceil_div(output_tiles, blocks * groups)) * up_slots);
-      if (best_cost == 0.0 || cost < 0.999 * best_cost || (cost < 1.001 * best_cost && waves < best_waves)) {
-        best_cost = cost, best_waves = waves;
-        best.blocks = blocks, best.groups = groups, best.exchange = exchange;
-        best.passes = int(passes);
+      auto consider = [&](double cost, int splits, int split_chunks) {
+        if (best_cost == 0.0 || cost < 0.999 * best_cost || (cost < 1.001 * best_cost && waves < best_waves)) {
+          best_cost = cost, best_waves = waves;
+          best.blocks = blocks, best.groups = groups, best.exchange = exchange || splits > 1;
+          best.passes = splits > 1 ? 1 : int(passes), best.splits = splits, best.split_chunks = split_chunks;
+        }
+      };
+      consider(cost, 1, 0);
+      if (blocks == 1 && exchange_allowed && waves == 1 && groups > best.latent_tiles) {
+        const int64_t split_chunks = mla::ceil_div(int64_t(down_slots), groups / best.latent_tiles);
+        const int64_t splits = mla::ceil_div(int64_t(down_slots), split_chunks);
+        if (splits > 1) {
+          consider(double(split_chunks) + double(mla::ceil_div(output_tiles, groups)) * up_slots +
+                       double(best.latent_tiles) + kSplitSlots, int(splits), int(split_chunks));
+        }
       }
     }
   }
@@ -589,8 +684,10 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   if (plan.blocks == 0) return cudaErrorInvalidConfiguration;  // not even one block fits
 
   const int64_t width = p->heads * p->head_dim;
-  auto* ready = static_cast<unsigned*>(p->workspace);
-  auto* scratch = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(p->workspace) + plan.ready_bytes());
+  auto* workspace = static_cast<uint8_t*>(p->workspace);
+  auto* ready = reinterpret_cast<unsigned*>(workspace);
+  auto* sums = reinterpret_cast<float*>(workspace + plan.counter_bytes());
+  auto* scratch = reinterpret_cast<__nv_bfloat16*>(workspace + plan.counter_bytes() + plan.sums_bytes());
   CUtensorMap hidden_map, down_map, up_k_map, up_v_map, scratch_map = {};
   if (!make_map(&hidden_map, p->hidden, p->tokens, p->d_model, kTokens) ||
       !make_map(&down_map, p->w_down, p->d_model, p->rank, kChunk) ||
@@ -600,10 +697,14 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
                                   plan.latent_tiles * kColumns, kTokens))) {
     return cudaErrorInvalidValue;
   }
-  if (plan.exchange && (err = cudaMemsetAsync(ready, 0, plan.ready_bytes(), stream)) != cudaSuccess) return err;
+  if (plan.exchange &&
+      (err = cudaMemsetAsync(ready, 0, plan.counter_bytes() + plan.sums_bytes(), stream)) != cudaSuccess) {
+    return err;
+  }
 
-  const Shapes shapes{p->tokens, p->d_model, p->rank, width, plan.passes, int(plan.groups),
-                      int(plan.exchange), int(plan.latent_tiles), scratch, ready};
+  const Shapes shapes{p->tokens, p->d_model, p->rank, width, plan.passes, int(plan.groups), int(plan.exchange),
+                      int(plan.latent_tiles), plan.splits, plan.split_chunks, scratch, ready,
+                      ready + plan.token_tiles, sums};
   cluster.val.clusterDim.x = unsigned(plan.blocks);
   config.gridDim = dim3(unsigned(plan.token_tiles * plan.groups * plan.blocks));
   err = cudaLaunchKernelEx(&config, hopper_kernel, hidden_map, down_map, up_k_map, up_v_map, scratch_map,

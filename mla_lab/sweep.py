@@ -28,12 +28,13 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "results"
 
 # Named sweep points: the toy, V2-Lite from a single decode token to 8192-token prefill, and V3
-# (the 16-head tensor-parallel slice and all 128 heads) from decode batches to 16384 tokens.
+# (the 16-head tensor-parallel slice and all 128 heads) from decode batches to 16384 tokens; odd
+# token counts between the powers of two, where no tile divides the tokens.
 SHAPES: dict[str, Shape] = {
     "toy": TOY,
-    **{f"v2_lite@{n}": V2_LITE.with_tokens(1, n) for n in (1, 16, 64, 128, 256, 512, 2048, 4096, 8192)},
-    **{f"v3_tp8@{n}": V3_TP8.with_tokens(1, n) for n in (1, 64, 4096)},
-    **{f"v3@{n}": V3.with_tokens(1, n) for n in (64, 4096, 16384)},
+    **{f"v2_lite@{n}": V2_LITE.with_tokens(1, n) for n in (1, 5, 16, 64, 128, 256, 512, 1000, 2048, 4096, 8192)},
+    **{f"v3_tp8@{n}": V3_TP8.with_tokens(1, n) for n in (1, 64, 300, 4096)},
+    **{f"v3@{n}": V3.with_tokens(1, n) for n in (64, 1000, 4096, 16384)},
 }
 DTYPES = bench.DTYPES
 PEERS = bench.PEERS

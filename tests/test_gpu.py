@@ -1,6 +1,7 @@
 """Every step on the GPU: the shape matrix in both dtypes, graphs, streams, and bad inputs."""
 
 import ctypes
+import math
 import re
 
 import pytest
@@ -184,22 +185,26 @@ def test_steps_9_and_10_run_their_own_kernel_exactly_where_they_take_the_inputs(
                          torch.float32, shape, check.tolerance(step, torch.float32)).ok
 
 
-def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays():
+@pytest.mark.parametrize("shape, split", [(check.STEP6_EXCHANGE, False), (check.STEP6_SPLIT, True)])
+def test_step6_groups_split_the_latent_through_a_workspace_also_in_graph_replays(shape, split):
+    """Groups exchanging bf16 latent slices; with `split`, also fp32 sums of d_model parts: the
+    workspace holds those sums (twice the bf16 scratch) beside counters of under 4 KB."""
     kernel = steps.load("hopper")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 6's wgmma path needs an sm_90 GPU; elsewhere it runs step 5")
-    shape = check.STEP6_EXCHANGE
     static = make_inputs(shape, torch.bfloat16, "cuda", seed=1)
     out = torch.empty(shape.out_shape, dtype=torch.bfloat16, device="cuda")
     problem = MlaProblem(*(t.data_ptr() for t in (*static, out)), shape.tokens, shape.d_model, shape.rank,
                          shape.heads, shape.head_dim, MLA_BFLOAT16, None)
     workspace_bytes = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(MlaProblem))(kernel._workspace_address)
-    assert workspace_bytes(ctypes.byref(problem)) > 0, "this shape should take the exchange path"
+    scratch = math.ceil(shape.tokens / 128) * 128 * math.ceil(shape.rank / 128) * 128 * 2
+    counters = workspace_bytes(ctypes.byref(problem)) - scratch - (2 * scratch if split else 0)
+    assert 0 < counters < 4096, f"this shape should take the {'split' if split else 'exchange'} path"
     kernel(*static, shape.heads, out=out)  # warm-up outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kernel(*static, shape.heads, out=out)
-    for seed in (2, 3):  # each replay must find the writer counters zeroed again
+    for seed in (2, 3):  # each replay must find the counters (and sums) zeroed again
         fresh = make_inputs(shape, torch.bfloat16, "cuda", seed=seed)
         for buffer, value in zip(static, fresh):
             buffer.copy_(value)
