@@ -21,14 +21,24 @@ __device__ __forceinline__ void barrier_expect_bytes(uint32_t bar, uint32_t byte
 __device__ __forceinline__ void barrier_arrive(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
+// A wait acquires at the scope of the arrivals it waits for: the block's own threads (and copies),
+// or, where blocks of the cluster arrive on it remotely, the cluster.
+enum class Scope { kBlock, kCluster };
+template <Scope kScope = Scope::kBlock>
 __device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
+#define MLA_TRY_WAIT(semantics)                                                                          \
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity" semantics ".shared::cta.b64 p, [%1], %2;\n"  \
+               "selp.u32 %0, 1, 0, p;\n}\n"                                                              \
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory")
   uint32_t done = 0;
   while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if constexpr (kScope == Scope::kCluster) {
+      MLA_TRY_WAIT(".acquire.cluster");
+    } else {
+      MLA_TRY_WAIT("");
+    }
   }
+#undef MLA_TRY_WAIT
 }
 
 // ---- TMA ---------------------------------------------------------------------------------------

@@ -104,9 +104,10 @@ SHAPE_MATRIX: tuple[Shape, ...] = (
     Shape(1, 8500, 64, 264, 2, 64),  # step 6: 67 token tiles, so each block computes 3 latent tiles
     # step 6: 4 token tiles x 8 clusters of 2, which split 3 latent tiles through global memory
     STEP6_EXCHANGE := Shape(1, 400, 64, 264, 16, 64),
-    # step 6: 8 blocks on one token tile split GEMM 1 along d_model too: 3 latent tiles (the last
-    # 8 wide) in 2 parts each of 16 and 16 chunks (the last 16 deep), the parts' sums rounded by the last
-    STEP6_SPLIT := Shape(1, 37, 2000, 264, 8, 64),
+    # step 6: 16 blocks on one token tile split GEMM 1 along d_model too: 3 latent tiles (the last
+    # 8 wide) in 5 parts each of 7 chunks (the last part 4, its last chunk 16 deep), the parts'
+    # sums rounded by the last to arrive; the 16th block makes no part
+    STEP6_SPLIT := Shape(1, 37, 2000, 264, 16, 64),
     # step 11: d_model split over a cluster of 3 with a short last part, 64-token tiles with a
     # tail, and the k|v boundary inside a 32-column tile
     STEP11_SPLIT := Shape(1, 70, 1000, 72, 3, 40),

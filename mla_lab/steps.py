@@ -135,7 +135,8 @@ STEPS = (
         fp32_tensor_passes=1,
         arch_flags=HOPPER_ARCH_FLAGS,
         fallback=5,
-        fast_path="bf16 on an sm_90 GPU, d_model and rank multiples of 8, heads*head_dim a multiple of 64, 16-byte aligned tensors",
+        fast_path="bf16 on an sm_90 GPU, d_model and rank multiples of 8, rank <= 512, heads*head_dim a multiple of 64, "
+                  "16-byte aligned tensors",
     ),
     Step(
         7,

@@ -101,16 +101,6 @@ __device__ __forceinline__ void arrive_in_every_block(uint32_t bar, uint32_t blo
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
   }
 }
-// Waits for a phase of this block's mbarrier whose arrivals came from the whole cluster.
-__device__ __forceinline__ void wait_for_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-}
 // Copies `bytes` of this block's shared memory at `local` to the same offset in block `rank` of
 // the cluster, completing on that block's mbarrier at the offset of `bar` (one bulk copy: 4-byte
 // stores into another block took 7.5 µs per 32 KB latent tile at V2-Lite, kernels/06_hopper.md).
@@ -244,19 +234,32 @@ __device__ __forceinline__ void add_to_sums(const Accumulator& acc, float* __res
 }
 
 // The consumers (256 threads) round one 128 x 128 tile of `sums` to bf16 in `scratch` (same
-// layout), 8 columns per load and store; rows past the last token are written as zeros.
+// layout), 8 columns per load and store; rows past the last token are written as zeros. Every
+// load is issued before the first store: a store (asm with a memory clobber) would hold the next
+// unit's loads behind it, one L2 round trip per unit on the way to the latent.
 __device__ __forceinline__ void round_sums(const float* __restrict__ sums, __nv_bfloat16* __restrict__ scratch,
                                            int64_t first_token, int64_t tokens, int64_t columns,
                                            int64_t column0) {
-  for (int unit = threadIdx.x - 128; unit < kTokens * kColumns / 8; unit += 256) {
-    const int64_t token = first_token + unit / (kColumns / 8), at = token * columns + column0 + unit % (kColumns / 8) * 8;
-    float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
-    if (token < tokens) {
-      lo = __ldcg(reinterpret_cast<const float4*>(sums + at));
-      hi = __ldcg(reinterpret_cast<const float4*>(sums + at + 4));
+  constexpr int kUnitsPerRow = kColumns / 8, kUnits = kTokens * kUnitsPerRow / 256;
+  auto at = [&](int i) {
+    const int unit = threadIdx.x - 128 + 256 * i;
+    return (first_token + unit / kUnitsPerRow) * columns + column0 + unit % kUnitsPerRow * 8;
+  };
+  auto has_token = [&](int i) { return first_token + (threadIdx.x - 128 + 256 * i) / kUnitsPerRow < tokens; };
+  float4 lo[kUnits], hi[kUnits];
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    lo[i] = hi[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (has_token(i)) {
+      lo[i] = __ldcg(reinterpret_cast<const float4*>(sums + at(i)));
+      hi[i] = __ldcg(reinterpret_cast<const float4*>(sums + at(i) + 4));
     }
-    mla::store_whole<mla::Space::kGlobal>(scratch + at, make_uint4(mla::pack_bf16(lo.x, lo.y), mla::pack_bf16(lo.z, lo.w),
-                                                                   mla::pack_bf16(hi.x, hi.y), mla::pack_bf16(hi.z, hi.w)));
+  }
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    mla::store_whole<mla::Space::kGlobal>(scratch + at(i),
+                                          make_uint4(mla::pack_bf16(lo[i].x, lo[i].y), mla::pack_bf16(lo[i].z, lo[i].w),
+                                                     mla::pack_bf16(hi[i].x, hi[i].y), mla::pack_bf16(hi[i].z, hi[i].w)));
   }
 }
 
@@ -356,6 +359,26 @@ __global__ void __launch_bounds__(kThreads, 1)
                    column0 + half * kChunk, chunk * kChunk, down_ring.full_bar(it));
         }
       }
+      // GEMM 2's first kStages fills go into slots GEMM 1 used: each waits until GEMM 1's last use
+      // of its slot is drained. They are issued before the exchange's wait, so that w_up's first
+      // slots land while the other groups finish their latent slices.
+      const int up_slots = int(mla::ceil_div(output_tiles - first_tile, tile_step)) * up_stages;
+      auto fill_up_slot = [&](int it) {
+        if (it < gemm1_slots && it < kStages) {
+          const int last_use = it + (gemm1_slots - 1 - it) / kGemm1Depth * kGemm1Depth;
+          barrier_wait(down_ring.empty_bar(last_use), down_ring.parity(last_use));
+        }
+        const int tile = first_tile + it / up_stages * tile_step, depth = it % up_stages;
+        acquire(up_ring, it, kStageBytes);
+        for (int half = 0; half < 2; ++half) {
+          const int64_t column = int64_t(tile) * kColumns + half * kChunk;
+          const bool is_k = column < s.width;
+          tma_load(up_ring.slot(it) + half * kUpBoxBytes, is_k ? up_k_map : up_v_map,
+                   int(is_k ? column : column - s.width), depth * kUpDepth, up_ring.full_bar(it));
+        }
+      };
+      const int early_up_slots = min(up_slots, kStages);
+      for (int it = 0; it < early_up_slots; ++it) fill_up_slot(it);
       if (s.exchange) {  // once every group has written its slice, fetch the other clusters' tiles
         // (split along d_model: every tile, once its last part has rounded it)
         wait_for_writers(s.ready + token_tile, split ? unsigned(s.latent_tiles) : unsigned(s.groups) * blocks);
@@ -372,23 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      // GEMM 2's first kStages fills go into slots GEMM 1 used: each waits until GEMM 1's last use
-      // of its slot is drained.
-      const int up_slots = int(mla::ceil_div(output_tiles - first_tile, tile_step)) * up_stages;
-      for (int it = 0; it < up_slots; ++it) {
-        if (it < gemm1_slots && it < kStages) {
-          const int last_use = it + (gemm1_slots - 1 - it) / kGemm1Depth * kGemm1Depth;
-          barrier_wait(down_ring.empty_bar(last_use), down_ring.parity(last_use));
-        }
-        const int tile = first_tile + it / up_stages * tile_step, depth = it % up_stages;
-        acquire(up_ring, it, kStageBytes);
-        for (int half = 0; half < 2; ++half) {
-          const int64_t column = int64_t(tile) * kColumns + half * kChunk;
-          const bool is_k = column < s.width;
-          tma_load(up_ring.slot(it) + half * kUpBoxBytes, is_k ? up_k_map : up_v_map,
-                   int(is_k ? column : column - s.width), depth * kUpDepth, up_ring.full_bar(it));
-        }
-      }
+      for (int it = early_up_slots; it < up_slots; ++it) fill_up_slot(it);
     }
     return;
   }
@@ -499,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // finished that kernel, kernels/06_hopper.md.)
   __syncwarp();
   if (warp_leader) arrive_in_every_block(cluster_done_with_gemm1, blocks);
-  wait_for_cluster(cluster_done_with_gemm1, 0);
+  barrier_wait<mla::Scope::kCluster>(cluster_done_with_gemm1, 0);
   const int held_passes = split ? 0 : passes;
 #pragma unroll
   for (int pass = 0; pass < kHeldPasses; ++pass) {
