@@ -224,22 +224,13 @@ __device__ __forceinline__ void store_tile(const Accumulator& acc, __nv_bfloat16
 // out), a pair of fp32 reductions at a time.
 __device__ __forceinline__ void add_to_sums(const Accumulator& acc, float* __restrict__ sums, int64_t first_token,
                                             int64_t tokens, int64_t columns, int64_t column0) {
-  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
-  const bool odd = lane & 1;
-  const int row = warp * 16 + lane / 4 + (odd ? 8 : 0);
-#pragma unroll
-  for (int i = 0; i < kColumns / 8; ++i) {
-    const float sx = odd ? acc[4 * i] : acc[4 * i + 2], sy = odd ? acc[4 * i + 1] : acc[4 * i + 3];
-    const float gx = __shfl_xor_sync(0xffffffffu, sx, 1), gy = __shfl_xor_sync(0xffffffffu, sy, 1);
-    const float4 v = odd ? make_float4(gx, gy, acc[4 * i + 2], acc[4 * i + 3])
-                         : make_float4(acc[4 * i], acc[4 * i + 1], gx, gy);
-    const int column = 8 * i + 2 * (lane % 4 & ~1);
+  for_each_pair([&](int row, int column, int pair) {
     if (first_token + row < tokens) {
       float* at = sums + (first_token + row) * columns + column0 + column;
-      asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(at), "f"(v.x), "f"(v.y),
-                   "f"(v.z), "f"(v.w) : "memory");
+      asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(at), "f"(acc[2 * pair]),
+                   "f"(acc[2 * pair + 1]) : "memory");
     }
-  }
+  });
 }
 
 // The consumers (256 threads) round one 128 x 128 tile of `sums` to bf16 in `scratch` (same
