@@ -405,10 +405,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumer warpgroups 1 and 2.
   const int consumer = threadIdx.x / 128 - 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
-  // Rows past the last token are zeros that reach no output: a warpgroup whose 64 rows (GEMM 1)
-  // or lower half of a tile (GEMM 2) has no token skips their wgmmas, half the tensor work of a
-  // decode batch. It still takes its turn at every slot, so the rings keep their counts.
-  const bool rows_have_tokens = token0 + consumer * 64 < s.tokens, lower_has_tokens = token0 + 64 < s.tokens;
   // Runs ring slots first .. first + slots - 1 through the tensor cores; `issue(slot_address, n)`
   // issues the n-th one's wgmmas, and `after_last_wait()` runs once the last slot has landed.
   // With one_in_flight false, a slot is handed back as soon as its wgmmas finish, so the producer
@@ -439,15 +435,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (pass >= passes) break;
     Accumulator acc;
     zero(acc);
-    const auto gemm1_slot = [&](uint32_t slot, int) {
+    run_slots(down_ring, pass * chunks, chunks, 1, std::false_type{}, [&](uint32_t slot, int) {
       // TODO(ex06): GEMM 1 on one slot: one wgmma_64x128x16 into acc per 16 depths of the slot's kChunk. The invariants: the slot holds the block's hidden rows first (one row of kRowBytes per token, 128-byte swizzled; this consumer's 64 rows start consumer * 64 rows in), then after kHiddenBytes w_down's box (one row of kRowBytes per depth). A descriptor (descriptor(start, leading byte offset, stride byte offset)) of these swizzled tiles strides 1024 bytes from one 8-row group to the next; B's leading byte offset is the box's size, kDownBoxBytes, A's is 16 (unused under the swizzle). 16 depths are 32 bytes along a hidden row, but 16 rows down w_down's box
       MLA_NOT_IMPLEMENTED();
-    };
-    if (rows_have_tokens) {
-      run_slots(down_ring, pass * chunks, chunks, 1, std::false_type{}, gemm1_slot, [] {});
-    } else {
-      run_slots(down_ring, pass * chunks, chunks, 1, std::false_type{}, [](uint32_t, int) {}, [] {});
-    }
+    }, [] {});
     fence_registers(acc);
     if (split) {
       add_to_sums(acc, s.sums, token0 + consumer * 64, s.tokens, int64_t(s.latent_tiles) * kColumns,
@@ -536,24 +527,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The other warpgroup's turn comes as soon as this one has waited on its last slot: its first
     // wgmmas then queue behind this one's last, with no gap for the tensor cores.
     auto pass_turn = [&] { if (warp_leader) barrier_arrive(turn + 8 * (1 - consumer), 1); };
-    const auto gemm2 = [&](auto with_lower) {
-      run_slots(up_ring, index * up_stages, up_stages, 2, std::true_type{}, [&](uint32_t slot, int depth) {
+    run_slots(up_ring, index * up_stages, up_stages, 2, std::true_type{}, [&](uint32_t slot, int depth) {
 #pragma unroll
-        for (int k = 0; k < kUpDepth / 16; ++k) {
-          const int column = depth * kUpDepth + 16 * k;  // latent column = K of GEMM 2
-          const uint64_t weights = descriptor(slot + 16 * kRowBytes * k, kUpBoxBytes, 1024);
-          wgmma_64x128x16(upper, descriptor(latent + latent_offset(0, column), 16, 1024), weights);
-          if constexpr (decltype(with_lower)::value) {
-            wgmma_64x128x16(lower, descriptor(latent + latent_offset(64, column), 16, 1024), weights);
-          }
-        }
-      }, pass_turn);
-    };
-    if (lower_has_tokens) {
-      gemm2(std::true_type{});
-    } else {
-      gemm2(std::false_type{});
-    }
+      for (int k = 0; k < kUpDepth / 16; ++k) {
+        const int column = depth * kUpDepth + 16 * k;  // latent column = K of GEMM 2
+        const uint64_t weights = descriptor(slot + 16 * kRowBytes * k, kUpBoxBytes, 1024);
+        wgmma_64x128x16(upper, descriptor(latent + latent_offset(0, column), 16, 1024), weights);
+        wgmma_64x128x16(lower, descriptor(latent + latent_offset(64, column), 16, 1024), weights);
+      }
+    }, pass_turn);
     fence_registers(upper);
     fence_registers(lower);
     const int64_t column0 = int64_t(tile) * kColumns;
