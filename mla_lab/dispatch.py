@@ -18,8 +18,8 @@ from . import build, steps
 # Up to this many tokens, step 11 (decode) beats the steps built for prefill (6 in bf16, 10 in fp32);
 # in bf16 also only up to this many output elements: its 32-column blocks stream every token tile,
 # and at V3's 32,768 columns and 64 tokens step 6 is faster. (Step 6 splits GEMM 1 along d_model
-# for a few tokens: in the H100 sweep it took 16.2 µs at V2-Lite 64 tokens against step 11's 20.1,
-# and 15.0 at 16 tokens against 11.4.)
+# for a few tokens: in the H100 sweep it took 16.1 µs at V2-Lite 64 tokens against step 11's 19.9,
+# and 15.4 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 128}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
 SLACK = 1.10  # a chosen step may be this much slower than the fastest: run-to-run spread, untuned edges
