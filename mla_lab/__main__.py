@@ -1,4 +1,4 @@
-"""python -m mla_lab doctor | toolkit | check | grade | hint | exercises | bench | results | sass | gpu-check | kernelbench | notebooks"""
+"""python -m mla_lab doctor | toolkit | check | grade | hint | exercises | bench | results | sass | ab | gpu-check | kernelbench | notebooks"""
 
 from __future__ import annotations
 
@@ -183,6 +183,17 @@ def sass(args: argparse.Namespace) -> int:
     return 1 if changed else 0
 
 
+def ab(args: argparse.Namespace) -> int:
+    from . import ab as before_after
+    from .bench import device_line
+
+    points = args.points or [f"{shape} {args.dtype}" for shape in before_after.DEFAULT_SHAPES]
+    rows = before_after.run(args.step, args.against, points)
+    print(f"{device_line()}; graph replay, median µs (p10-p90), each checked against float64 first\n")
+    print(before_after.table(rows, args.against))
+    return 0
+
+
 def gpu_check(args: argparse.Namespace) -> int:
     from . import build
     from .gpu_check import PARTS, run
@@ -283,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--against", default="HEAD", help="the commit to compare with (default: HEAD)")
     p.set_defaults(run=sass)
 
+    p = sub.add_parser("ab", help="one step as another commit had it beside this checkout's, checked then timed in one process (GPU)")
+    p.add_argument("step", help="the step's number or name")
+    p.add_argument("--against", required=True, metavar="REV", help="the commit to compare with (a hash, HEAD~1, a branch)")
+    p.add_argument("--points", nargs="+", metavar="POINT", help='sweep points such as "v2_lite@128 bf16" (default: few '
+                   "tokens to prefill at the three real widths, in --dtype)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.set_defaults(run=ab)
+
     p = sub.add_parser("gpu-check", help="the whole GPU validation, ending with a table (GPU; see mla_lab/gpu_check.py)")
     p.add_argument("parts", nargs="*", choices=["validate", "lane", "results"], help="default: all three")
     p.add_argument("--only", nargs="*", metavar="STAGE", help="only these stages (the names in the table)")
@@ -301,11 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "grade" and not (args.all or args.exercises):
         parser.error("grade needs exercise ids (ex01, ex05, ...) or --all")
+    from .ab import ABProblem
     from .build import SetupProblem
 
     try:
         return args.run(args)
-    except SetupProblem as problem:
+    except (SetupProblem, ABProblem) as problem:
         print(f"mla_lab: {problem}", file=sys.stderr)
         return 2
 

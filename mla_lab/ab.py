@@ -1,0 +1,127 @@
+"""One step as another commit had it, beside this checkout's: the A/B that keeps or rejects a change.
+
+    python -m mla_lab ab 6 --against 2633931
+    python -m mla_lab ab 6 --against HEAD --points "v2_lite@1 bf16" "v2_lite@4096 bf16"
+
+The step's source at REV is built with REV's own course headers (copied beside it, so its quoted
+includes find them first) into a library of its own; this checkout's source is built as the course
+builds it. At each point `bench.compare` checks both against float64 (NaN-poisoned output, fresh
+random inputs), then times them beside eager and cuBLAS in interleaved rounds of CUDA-graph
+replays, one process, one GPU. The table gives each median with its p10-p90 and says whether the
+new one is faster or slower outside that spread.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import bench, build, steps, sweep
+
+# Few tokens to prefill at the three real widths: where the decode, split and prefill paths run.
+DEFAULT_SHAPES = ("v2_lite@1", "v2_lite@128", "v2_lite@512", "v2_lite@4096", "v3_tp8@1", "v3_tp8@300",
+                  "v3_tp8@4096", "v3@64", "v3@1000")
+HEADER_SUFFIXES = (".cuh", ".h")
+
+
+class ABProblem(RuntimeError):
+    """A commit, step or point the A/B cannot use: one line that says which, and what to give."""
+
+
+def _git(*args: str) -> str:
+    result = subprocess.run(["git", *args], cwd=steps.REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        said = result.stderr.strip().splitlines()
+        raise ABProblem(f"git {' '.join(args)}: {said[-1] if said else 'failed'}")
+    return result.stdout
+
+
+def commit_of(rev: str) -> str:
+    """The full commit hash REV names (a branch, a tag, HEAD~2, a short hash)."""
+    try:
+        return _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+    except ABProblem:
+        raise ABProblem(f"{rev!r} is not a commit of this repository (git log --oneline lists them)") from None
+
+
+def source_at(rev: str, step: steps.Step, folder: Path) -> Path:
+    """Write the step's .cu as it was at REV into `folder`, beside REV's course headers; return its path."""
+    commit = commit_of(rev)
+    relative = step.source("solution").relative_to(steps.REPO).as_posix()
+    headers = [name for name in _git("ls-tree", "--name-only", commit, "kernels/").split()
+               if name.endswith(HEADER_SUFFIXES)]
+    for name in headers:
+        (folder / Path(name).name).write_text(_git("show", f"{commit}:{name}"))
+    try:
+        text = _git("show", f"{commit}:{relative}")
+    except ABProblem:
+        raise ABProblem(f"{rev} has no {relative}: step {step.number} lived elsewhere then") from None
+    source = folder / Path(relative).name
+    source.write_text(text)
+    return source
+
+
+def load(source: Path, step: steps.Step, rev: str) -> steps.Kernel:
+    """The step as REV had it (its source from `source_at`), built into a library named after REV's commit."""
+    name = f"mla_ab_{step.number:02d}_{step.name}_{commit_of(rev)[:12]}"
+    return steps.Kernel(step, source, build.build_step(source, name, step.arch_flags, step.defines))
+
+
+@dataclass
+class Row:
+    point: str
+    before: bench.Timing
+    after: bench.Timing
+    peers: dict[str, bench.Timing]
+
+    @property
+    def verdict(self) -> str:
+        """Faster or slower outside the spread (one side's p90 below the other's p10), or inside it."""
+        if self.after.high_us < self.before.low_us:
+            return "faster"
+        if self.after.low_us > self.before.high_us:
+            return "slower"
+        return "inside the spread"
+
+
+def parse_point(name: str):
+    """A sweep point such as "v2_lite@128 bf16": (shape, dtype)."""
+    try:
+        _, shape, _, dtype = sweep.point(name)
+    except (KeyError, ValueError):
+        raise ABProblem(f"{name!r} is not a sweep point: give a shape of {', '.join(sweep.SHAPES)} "
+                        f"and a dtype, such as \"v2_lite@128 bf16\"") from None
+    return shape, dtype
+
+
+def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
+    """Check, then time, the step at REV and here at each point (a GPU, and every argument, first)."""
+    try:
+        step = steps.get(step_key)
+    except (KeyError, ValueError) as unknown:
+        raise ABProblem(str(unknown)) from None
+    parsed = [(name, *parse_point(name)) for name in points]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        source = source_at(rev, step, Path(folder))
+        build.require_gpu()
+        before, after = load(source, step, rev), steps.load(step)
+        for name, shape, dtype in parsed:
+            timings = {t.name: t for t in bench.compare({"before": before, "after": after}, shape, dtype, "graph")}
+            rows.append(Row(name, timings.pop("before"), timings.pop("after"), timings))
+    return rows
+
+
+def table(rows: list[Row], rev: str) -> str:
+    def cell(t: bench.Timing) -> str:
+        return f"{t.median_us:,.1f} ({t.low_us:,.1f}-{t.high_us:,.1f})"
+
+    lines = [f"| point | {rev} µs | this checkout µs | cuBLAS concat µs | eager µs | new / old | |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        peer = {name: f"{t.median_us:,.1f}" for name, t in r.peers.items()}
+        lines.append(f"| {r.point} | {cell(r.before)} | {cell(r.after)} | {peer.get('cuBLAS concat', '-')} | "
+                     f"{peer.get('eager', '-')} | {r.after.median_us / r.before.median_us:.3f} | {r.verdict} |")
+    return "\n".join(lines)

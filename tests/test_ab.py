@@ -1,0 +1,64 @@
+"""`python -m mla_lab ab`: a step as another commit had it, beside this checkout's (mla_lab.ab)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mla_lab import ab, bench, build, steps
+
+
+def git_show(spec: str) -> str:
+    return subprocess.run(["git", "show", spec], cwd=steps.REPO, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_old_source_is_written_beside_the_old_headers(tmp_path):
+    """REV's .cu next to REV's course headers, so that its quoted includes find those, not this
+    checkout's (which `build` adds with -I)."""
+    step = steps.get(6)
+    source = ab.source_at("HEAD", step, tmp_path)
+    assert source.parent == tmp_path and source.read_text() == git_show("HEAD:solutions/06_hopper.cu")
+    for header in ("mla_common.cuh", "mla_hopper.cuh", "mla_launch.h"):
+        assert (tmp_path / header).read_text() == git_show(f"HEAD:kernels/{header}")
+
+
+def test_the_old_source_compiles_against_its_own_headers(tmp_path):
+    step = steps.get(6)
+    source = ab.source_at("HEAD", step, tmp_path)
+    (tmp_path / "mla_hopper.cuh").write_text('#error "the copied header was included"\n')
+    ok, report = build.compile_report(source, step.arch_flags, step.defines)
+    assert not ok and "the copied header was included" in report
+
+
+def test_a_timing_is_faster_or_slower_only_outside_the_other_ones_spread():
+    def timing(median, low, high):
+        return bench.Timing("k", "graph", median, low, high, 100, 0)
+
+    before = timing(10.0, 9.8, 10.2)
+    assert ab.Row("p", before, timing(9.0, 8.9, 9.1), {}).verdict == "faster"
+    assert ab.Row("p", before, timing(11.0, 10.9, 11.1), {}).verdict == "slower"
+    assert ab.Row("p", before, timing(9.9, 9.7, 10.1), {}).verdict == "inside the spread"
+    row = ab.Row("v2_lite@1 bf16", before, timing(9.0, 8.9, 9.1), {"cuBLAS concat": timing(8.0, 7.9, 8.1)})
+    line = ab.table([row], "abc1234").splitlines()[-1]
+    assert line.startswith("| v2_lite@1 bf16 | 10.0 (9.8-10.2) | 9.0 (8.9-9.1) | 8.0 | - | 0.900 | faster |")
+
+
+@pytest.mark.parametrize("arguments, said", [
+    (["6", "--against", "no-such-commit"], "'no-such-commit' is not a commit of this repository"),
+    (["6", "--against", "HEAD", "--points", "v2_lite@7 bf16"], "'v2_lite@7 bf16' is not a sweep point"),
+    (["12", "--against", "HEAD"], "no step 12"),
+])
+def test_a_wrong_argument_is_one_line_before_any_gpu_is_needed(arguments, said):
+    result = subprocess.run([sys.executable, "-m", "mla_lab", "ab", *arguments], cwd=steps.REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"mla_lab: {said}") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.gpu
+def test_a_step_against_itself_is_checked_then_timed_beside_the_peers():
+    rows = ab.run(6, "HEAD", ["toy bf16", "v2_lite@1 bf16"])
+    assert [r.point for r in rows] == ["toy bf16", "v2_lite@1 bf16"]
+    for r in rows:
+        assert {"eager", "cuBLAS concat"} <= set(r.peers)
+        assert 0.5 < r.after.median_us / r.before.median_us < 2.0
