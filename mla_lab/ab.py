@@ -104,7 +104,9 @@ def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
         raise ABProblem(str(unknown)) from None
     parsed = [(name, *parse_point(name)) for name in points]
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
+    scratch = steps.REPO / "build"  # ignored by git; inside the checkout, as the course's sources are
+    scratch.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch) as folder:
         source = source_at(rev, step, Path(folder))
         build.require_gpu()
         before, after = load(source, step, rev), steps.load(step)
