@@ -97,7 +97,8 @@ def parse_point(name: str):
 
 
 def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
-    """Check, then time, the step at REV and here at each point (a GPU, and every argument, first)."""
+    """Check, then time, the step at REV and here at each point. Every argument is checked before a
+    GPU is asked for."""
     try:
         step = steps.get(step_key)
     except (KeyError, ValueError) as unknown:
