@@ -3,27 +3,28 @@
     python -m mla_lab ab 6 --against 2633931
     python -m mla_lab ab 6 --against HEAD --points "v2_lite@1 bf16" "v2_lite@4096 bf16"
 
-The step's source at REV is built with REV's own course headers (copied beside it, so its quoted
-includes find them first) into a library of its own; this checkout's source is built as the course
-builds it. At each point `bench.compare` checks both against float64 (NaN-poisoned output, fresh
-random inputs), then times them beside eager and cuBLAS in interleaved rounds of CUDA-graph
-replays, one process, one GPU. The table gives each median with its p10-p90 and says whether the
-new one is faster or slower outside that spread.
+The step at REV comes from a checkout of REV (`mla_lab.sass.worktree`) and is built as REV's own
+registry says (its architectures and definitions, `mla_lab.sass.registry_of`), against REV's course
+headers, into a library of its own; this checkout's source is built as the course builds it. At
+each point `bench.compare` checks both against float64 (NaN-poisoned output, fresh random inputs),
+then times them beside eager and cuBLAS in interleaved rounds of CUDA-graph replays, one process,
+one GPU. The table gives each median with its p10-p90 and says whether the new one is faster or
+slower outside that spread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import bench, build, steps, sweep
+from . import bench, build, sass, steps, sweep
 
 # Few tokens to prefill at the three real widths: where the decode, split and prefill paths run.
 DEFAULT_SHAPES = ("v2_lite@1", "v2_lite@128", "v2_lite@512", "v2_lite@4096", "v3_tp8@1", "v3_tp8@300",
                   "v3_tp8@4096", "v3@64", "v3@1000")
-HEADER_SUFFIXES = (".cuh", ".h")
 
 
 class ABProblem(RuntimeError):
@@ -46,27 +47,26 @@ def commit_of(rev: str) -> str:
         raise ABProblem(f"{rev!r} is not a commit of this repository (git log --oneline lists them)") from None
 
 
-def source_at(rev: str, step: steps.Step, folder: Path) -> Path:
-    """Write the step's .cu as it was at REV into `folder`, beside REV's course headers; return its path."""
+@contextlib.contextmanager
+def source_at(rev: str, step: steps.Step):
+    """Yield (source, arch_flags, defines): the step's .cu as REV had it, in a checkout of REV beside
+    REV's course headers, and how REV's registry built it. `build` adds this checkout's kernels/ with
+    -I, so a solution's source is copied into REV's kernels/, where its quoted includes look first."""
     commit = commit_of(rev)
-    relative = step.source("solution").relative_to(steps.REPO).as_posix()
-    headers = [name for name in _git("ls-tree", "--name-only", commit, "kernels/").split()
-               if name.endswith(HEADER_SUFFIXES)]
-    for name in headers:
-        (folder / Path(name).name).write_text(_git("show", f"{commit}:{name}"))
-    try:
-        text = _git("show", f"{commit}:{relative}")
-    except ABProblem:
-        raise ABProblem(f"{rev} has no {relative}: step {step.number} lived elsewhere then") from None
-    source = folder / Path(relative).name
-    source.write_text(text)
-    return source
-
-
-def load(source: Path, step: steps.Step, rev: str) -> steps.Kernel:
-    """The step as REV had it (its source from `source_at`), built into a library named after REV's commit."""
-    name = f"mla_ab_{step.number:02d}_{step.name}_{commit_of(rev)[:12]}"
-    return steps.Kernel(step, source, build.build_step(source, name, step.arch_flags, step.defines))
+    scratch = steps.REPO / "build"  # ignored by git; inside the checkout, as the course's sources are
+    scratch.mkdir(exist_ok=True)
+    with sass.worktree(commit, scratch) as tree:
+        try:
+            built = sass.registry_of(tree).get(step.number)
+        except subprocess.CalledProcessError:
+            raise ABProblem(f"{rev}'s registry (mla_lab/steps.py) could not be read there: give a newer commit") from None
+        if built is None:
+            raise ABProblem(f"{rev} has no step {step.number}")
+        source = Path(built["source"])
+        beside = tree / "kernels" / source.name
+        if source != beside:
+            shutil.copyfile(source, beside)
+        yield beside, tuple(f for f in built["flags"] if f.startswith("-gencode")), tuple(built["defines"])
 
 
 @dataclass
@@ -105,12 +105,11 @@ def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
         raise ABProblem(str(unknown)) from None
     parsed = [(name, *parse_point(name)) for name in points]
     rows = []
-    scratch = steps.REPO / "build"  # ignored by git; inside the checkout, as the course's sources are
-    scratch.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=scratch) as folder:
-        source = source_at(rev, step, Path(folder))
+    with source_at(rev, step) as (source, arch_flags, defines):
         build.require_gpu()
-        before, after = load(source, step, rev), steps.load(step)
+        library = build.build_step(source, f"mla_ab_{step.number:02d}_{step.name}_{commit_of(rev)[:12]}",
+                                   arch_flags, defines)
+        before, after = steps.Kernel(step, source, library), steps.load(step)
         for name, shape, dtype in parsed:
             timings = {t.name: t for t in bench.compare({"before": before, "after": after}, shape, dtype, "graph")}
             rows.append(Row(name, timings.pop("before"), timings.pop("after"), timings))

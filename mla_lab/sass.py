@@ -10,6 +10,7 @@ equal to itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -88,15 +89,22 @@ def digests(checkout: Path = REPO) -> dict[int, str]:
     return result
 
 
-def compare(rev: str) -> list[tuple[int, str, str]]:
-    """(step, digest at rev, digest here) for every step either side has."""
-    with tempfile.TemporaryDirectory() as folder:
-        worktree = Path(folder) / "rev"
-        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), rev], cwd=REPO, check=True,
+@contextlib.contextmanager
+def worktree(rev: str, parent: Path | None = None):
+    """A detached checkout of REV (a git worktree in a new folder under `parent`), removed afterwards."""
+    with tempfile.TemporaryDirectory(dir=parent) as folder:
+        tree = Path(folder) / "rev"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, check=True,
                        capture_output=True)
         try:
-            before = digests(worktree)
+            yield tree
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, capture_output=True)
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+
+
+def compare(rev: str) -> list[tuple[int, str, str]]:
+    """(step, digest at rev, digest here) for every step either side has."""
+    with worktree(rev) as tree:
+        before = digests(tree)
     after = digests(REPO)
     return [(n, before.get(n, "-"), after.get(n, "-")) for n in sorted(set(before) | set(after))]

@@ -12,21 +12,23 @@ def git_show(spec: str) -> str:
     return subprocess.run(["git", "show", spec], cwd=steps.REPO, capture_output=True, text=True, check=True).stdout
 
 
-def test_the_old_source_is_written_beside_the_old_headers(tmp_path):
+def test_the_old_source_is_written_beside_the_old_headers():
     """REV's .cu next to REV's course headers, so that its quoted includes find those, not this
-    checkout's (which `build` adds with -I)."""
+    checkout's (which `build` adds with -I), and REV's own build flags."""
     step = steps.get(6)
-    source = ab.source_at("HEAD", step, tmp_path)
-    assert source.parent == tmp_path and source.read_text() == git_show("HEAD:solutions/06_hopper.cu")
-    for header in ("mla_common.cuh", "mla_hopper.cuh", "mla_launch.h"):
-        assert (tmp_path / header).read_text() == git_show(f"HEAD:kernels/{header}")
+    with ab.source_at("HEAD", step) as (source, arch_flags, defines):
+        assert source.parent.name == "kernels" and source.read_text() == git_show("HEAD:solutions/06_hopper.cu")
+        for header in ("mla_common.cuh", "mla_hopper.cuh", "mla_launch.h"):
+            assert (source.parent / header).read_text() == git_show(f"HEAD:kernels/{header}")
+        assert (arch_flags, defines) == (step.arch_flags, step.defines)
+    assert not source.exists()  # the checkout of REV is gone afterwards
 
 
-def test_the_old_source_compiles_against_its_own_headers(tmp_path):
+def test_the_old_source_compiles_against_its_own_headers():
     step = steps.get(6)
-    source = ab.source_at("HEAD", step, tmp_path)
-    (tmp_path / "mla_hopper.cuh").write_text('#error "the copied header was included"\n')
-    ok, report = build.compile_report(source, step.arch_flags, step.defines)
+    with ab.source_at("HEAD", step) as (source, arch_flags, defines):
+        (source.parent / "mla_hopper.cuh").write_text('#error "the copied header was included"\n')
+        ok, report = build.compile_report(source, arch_flags, defines)
     assert not ok and "the copied header was included" in report
 
 
