@@ -7,6 +7,8 @@
 //   rounded to TF32 into the workspace; TMA rounds hidden on its way in.
 // - The fp32 latent tile (256 KB at 128 tokens) does not fit an SM, so it goes through L2.
 // - Both GEMMs are one kernel, C = A @ B^T: a TMA producer and two consumer warpgroups.
+// - The transposed weights depend on the weights alone: mla_prepare writes them once, for a caller
+//   that keeps them as inference engines keep theirs, and a call given them skips the transposes.
 // Step 10: every operand split into TF32 hi and lo, each product as hi*hi + hi*lo + lo*hi, for
 // fp32's accuracy; runs of chunks are added into registers, as the tensor cores round toward zero.
 // Runs fp32 on sm_90 with d_model and rank multiples of 4, hidden 16-byte and out 8-byte aligned
@@ -315,54 +317,56 @@ cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, 
   return cudaGetLastError();
 }
 
-// The workspace, each array 256-byte aligned and each in kParts parts (hi, then lo): w_down^T
-// (rank x d_model), [w_up_k | w_up_v]^T (2 * width x rank), the latent (tokens x rank), and with
-// three passes hidden's parts (tokens x d_model).
-struct Workspace {
-  int64_t down_t, up_t, latent, hidden, part_bytes[4], bytes;  // offsets and sizes in bytes
-};
-Workspace workspace_of(const MlaProblem* p) {
-  const int64_t width = p->heads * p->head_dim;
-  const int64_t sizes[4] = {p->rank * p->d_model, 2 * width * p->rank, p->tokens * p->rank,
-                            kParts == 2 ? p->tokens * p->d_model : 0};
-  Workspace w;
-  int64_t* offsets[4] = {&w.down_t, &w.up_t, &w.latent, &w.hidden};
-  w.bytes = 0;
-  for (int i = 0; i < 4; ++i) {
-    *offsets[i] = w.bytes;
-    w.part_bytes[i] = mla::round_up(sizes[i] * 4, 256);
-    w.bytes += kParts * w.part_bytes[i];
+// Arrays one after the other, each 256-byte aligned and in kParts parts (hi, then lo).
+template <int N>
+struct Arrays {
+  int64_t offset[N], part_bytes[N], bytes = 0;
+  explicit Arrays(const int64_t (&elements)[N]) {
+    for (int i = 0; i < N; ++i) {
+      offset[i] = bytes;
+      part_bytes[i] = mla::round_up(elements[i] * 4, 256);
+      bytes += kParts * part_bytes[i];
+    }
   }
-  return w;
+  Parts at(const void* base, int i) const {
+    const auto* start = static_cast<const uint8_t*>(base) + offset[i];
+    return {reinterpret_cast<const float*>(start), reinterpret_cast<const float*>(start + part_bytes[i])};
+  }
+  float* part(void* base, int i, int which) const {  // which: 0 hi, 1 lo
+    return reinterpret_cast<float*>(static_cast<uint8_t*>(base) + offset[i] + which * part_bytes[i]);
+  }
+};
+// The weights as the GEMMs read them, transposed and rounded to TF32: w_down^T (rank x d_model),
+// then [w_up_k | w_up_v]^T (2 * width x rank). They depend on the weights only, so mla_prepare
+// writes them once where the caller keeps them; without that, every call writes them into its
+// workspace first.
+Arrays<2> weights_of(const MlaProblem* p) { return Arrays<2>({p->rank * p->d_model, 2 * p->heads * p->head_dim * p->rank}); }
+// What each call writes: the latent (tokens x rank) and, with three passes, hidden's parts.
+Arrays<2> per_call_of(const MlaProblem* p) {
+  return Arrays<2>({p->tokens * p->rank, kParts == 2 ? p->tokens * p->d_model : 0});
+}
+int64_t workspace_bytes(const MlaProblem* p) {
+  return per_call_of(p).bytes + (p->prepared != nullptr ? 0 : weights_of(p).bytes);
 }
 
-bool takes(const MlaProblem* p) {
+// The weights' part of mla_takes: what mla_prepare needs.
+bool takes_weights(const MlaProblem* p) {
   return mla::on_hopper() && p->dtype == MLA_FLOAT32 && p->d_model % 4 == 0 && p->rank % 4 == 0 &&
-         reinterpret_cast<uintptr_t>(p->hidden) % 16 == 0 && reinterpret_cast<uintptr_t>(p->out) % 8 == 0 &&
          mla::encode_function() != nullptr;
 }
 
-}  // namespace
+bool takes(const MlaProblem* p) {
+  return takes_weights(p) && reinterpret_cast<uintptr_t>(p->hidden) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p->out) % 8 == 0;
+}
 
-extern "C" int mla_takes(const MlaProblem* p) { return takes(p); }
-
-extern "C" size_t mla_workspace_bytes(const MlaProblem* p) { return takes(p) ? size_t(workspace_of(p).bytes) : 0; }
-
-extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
-  if (!takes(p) || p->workspace == nullptr) return cudaErrorNotSupported;
-  const int64_t width = p->heads * p->head_dim;
-  const Workspace w = workspace_of(p);
-  auto* bytes = static_cast<uint8_t*>(p->workspace);
-  auto part = [&](int64_t offset, int index, int which) {  // which: 0 hi, 1 lo
-    return reinterpret_cast<float*>(bytes + offset + which * w.part_bytes[index]);
-  };
-  float *down_t = part(w.down_t, 0, 0), *up_t = part(w.up_t, 1, 0), *latent = part(w.latent, 2, 0);
-  float *down_t_lo = part(w.down_t, 0, 1), *up_t_lo = part(w.up_t, 1, 1), *latent_lo = part(w.latent, 2, 1);
-  const auto* w_down = static_cast<const float*>(p->w_down);
-  const auto* hidden = static_cast<const float*>(p->hidden);
-
-  const int64_t v_at = width * p->rank;  // [w_up_k | w_up_v]^T: w_up_v's rows after w_up_k's
-  const Transposes transposes{{{w_down, down_t, down_t_lo, p->d_model, p->rank, p->d_model},
+// Writes weights_of(p) into `to`: each weight transposed and rounded (split) to TF32.
+cudaError_t prepare(const MlaProblem* p, void* to, cudaStream_t stream) {
+  const Arrays<2> weights = weights_of(p);
+  const int64_t width = p->heads * p->head_dim, v_at = width * p->rank;  // w_up_v's rows after w_up_k's
+  float *down_t = weights.part(to, 0, 0), *down_t_lo = weights.part(to, 0, 1);
+  float *up_t = weights.part(to, 1, 0), *up_t_lo = weights.part(to, 1, 1);
+  const Transposes transposes{{{static_cast<const float*>(p->w_down), down_t, down_t_lo, p->d_model, p->rank, p->d_model},
                                {static_cast<const float*>(p->w_up_k), up_t, up_t_lo, p->rank, width, p->rank},
                                {static_cast<const float*>(p->w_up_v), up_t + v_at, up_t_lo + v_at, p->rank, width,
                                 p->rank}}};
@@ -370,12 +374,39 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   const int64_t most_columns = p->rank > width ? p->rank : width;
   const dim3 squares(unsigned(mla::ceil_div(most_columns, kSide)), unsigned(mla::ceil_div(most_rows, kSide)), 3);
   transpose_kernel<<<squares, dim3(kSide, 8), 0, stream>>>(transposes);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int mla_takes(const MlaProblem* p) { return takes(p); }
+
+extern "C" size_t mla_workspace_bytes(const MlaProblem* p) { return takes(p) ? size_t(workspace_bytes(p)) : 0; }
+
+extern "C" size_t mla_prepared_bytes(const MlaProblem* p) { return takes_weights(p) ? size_t(weights_of(p).bytes) : 0; }
+
+extern "C" cudaError_t mla_prepare(const MlaProblem* p, void* prepared, cudaStream_t stream) {
+  if (!takes_weights(p) || prepared == nullptr) return cudaErrorNotSupported;
+  return prepare(p, prepared, stream);
+}
+
+extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
+  if (!takes(p) || p->workspace == nullptr) return cudaErrorNotSupported;
+  const int64_t width = p->heads * p->head_dim;
+  const Arrays<2> weights = weights_of(p), per_call = per_call_of(p);
+  const void* prepared = p->prepared;
+  void* scratch = p->workspace;
+  cudaError_t err;
+  if (prepared == nullptr) {  // the weights' layout first, in the workspace, then the rest after it
+    if ((err = prepare(p, p->workspace, stream)) != cudaSuccess) return err;
+    prepared = p->workspace;
+    scratch = static_cast<uint8_t*>(p->workspace) + weights.bytes;
+  }
+  const auto* hidden = static_cast<const float*>(p->hidden);
   // With one pass hidden reaches the tensor cores as it is; with three, as its parts.
   Parts hidden_parts{hidden, nullptr};
   if (kParts == 2) {
-    float *hidden_hi = part(w.hidden, 3, 0), *hidden_lo = part(w.hidden, 3, 1);
+    float *hidden_hi = per_call.part(scratch, 1, 0), *hidden_lo = per_call.part(scratch, 1, 1);
     hidden_parts = {hidden_hi, hidden_lo};
     const int64_t quads = p->tokens * p->d_model / 4;
     const int64_t blocks = mla::ceil_div(quads, 256), most = 132 * 16;  // then grid-stride
@@ -383,11 +414,12 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
         reinterpret_cast<const float4*>(hidden), hidden_hi, hidden_lo, quads);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
+  float *latent = per_call.part(scratch, 0, 0), *latent_lo = per_call.part(scratch, 0, 1);
   constexpr Store kLatentStore = kParts == 2 ? Store::kTf32Parts : Store::kTf32;
-  if ((err = gemm<Gemm1Tile, kLatentStore>(hidden_parts, {down_t, down_t_lo}, latent, latent_lo, p->tokens, p->rank,
-                                           p->d_model, stream)) != cudaSuccess) {
+  if ((err = gemm<Gemm1Tile, kLatentStore>(hidden_parts, weights.at(prepared, 0), latent, latent_lo, p->tokens,
+                                           p->rank, p->d_model, stream)) != cudaSuccess) {
     return err;
   }
-  return gemm<Gemm2Tile, Store::kAsComputed>({latent, latent_lo}, {up_t, up_t_lo}, static_cast<float*>(p->out),
+  return gemm<Gemm2Tile, Store::kAsComputed>({latent, latent_lo}, weights.at(prepared, 1), static_cast<float*>(p->out),
                                              nullptr, p->tokens, 2 * width, p->rank, stream);
 }

@@ -27,6 +27,8 @@ typedef struct {
   int64_t head_dim;
   MlaDtype dtype;
   void* workspace;     // mla_workspace_bytes(problem) bytes of GPU scratch, or NULL when it says 0
+  const void* prepared;  // what mla_prepare wrote for these very weights, or NULL: then a step that
+                         // reads the weights in a layout of its own makes it again on every call
 } MlaProblem;
 
 #ifdef __cplusplus
@@ -39,6 +41,13 @@ cudaError_t mla_launch(const MlaProblem* problem, cudaStream_t stream);
 // (with workspace NULL) before each launch and passes that many bytes, uninitialized, allocated
 // on the launch's stream like the output; a step without it always gets NULL.
 size_t mla_workspace_bytes(const MlaProblem* problem);
+// Optional, for a step that reads the weights in a layout of its own (transposed, split into
+// parts): the bytes of that layout (0 where the step's own kernel does not take these weights),
+// and the launch that writes it into `prepared`. Both read only the weights and the sizes. The
+// caller keeps the result while the weights stay unchanged and passes it as problem->prepared,
+// as an inference engine prepares its weights once, not on every call.
+size_t mla_prepared_bytes(const MlaProblem* problem);
+cudaError_t mla_prepare(const MlaProblem* problem, void* prepared, cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

@@ -32,16 +32,22 @@ def check_steps(args: argparse.Namespace) -> int:
 
     build.require_gpu()
     failures = 0
+    shapes, trials = (check.QUICK_SHAPES, 1) if args.quick else (check.SHAPE_MATRIX, 2)
     for key in args.steps or [s.number for s in steps.STEPS]:
         kernel = steps.load(key, args.variant)
-        shapes, trials = (check.QUICK_SHAPES, 1) if args.quick else (check.SHAPE_MATRIX, 2)
-        verdicts = check.check_matrix(kernel, "cuda", shapes, trials=trials)
-        bad = [v for v in verdicts if not v.ok]
-        failures += len(bad)
-        worst = max(v.rel_error for v in verdicts)
-        print(f"{kernel.step.label}: {len(verdicts) - len(bad)}/{len(verdicts)} checks passed, worst rel. error {worst:.1e}")
-        for verdict in bad:
-            print(f"  {verdict}")
+        # A step with a layout of its own is checked twice: preparing on every call, and given the
+        # weights prepared by `prepare` (here prepared afresh for each set of fresh weights).
+        ways = {kernel.step.label: kernel}
+        if kernel.prepares_weights:
+            ways[f"{kernel.step.label} prepared"] = steps.Prepared(kernel, kernel.prepare)
+        for label, call in ways.items():
+            verdicts = check.check_matrix(call, "cuda", shapes, trials=trials)
+            bad = [v for v in verdicts if not v.ok]
+            failures += len(bad)
+            worst = max(v.rel_error for v in verdicts)
+            print(f"{label}: {len(verdicts) - len(bad)}/{len(verdicts)} checks passed, worst rel. error {worst:.1e}")
+            for verdict in bad:
+                print(f"  {verdict}")
     return 1 if failures else 0
 
 

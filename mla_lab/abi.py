@@ -11,7 +11,7 @@ MLA_FLOAT32, MLA_BFLOAT16 = 0, 1  # MlaDtype
 class MlaProblem(ctypes.Structure):
     _fields_ = [*((name, ctypes.c_void_p) for name in ("hidden", "w_down", "w_up_k", "w_up_v", "out")),
                 *((name, ctypes.c_int64) for name in ("tokens", "d_model", "rank", "heads", "head_dim")),
-                ("dtype", ctypes.c_int), ("workspace", ctypes.c_void_p)]
+                ("dtype", ctypes.c_int), ("workspace", ctypes.c_void_p), ("prepared", ctypes.c_void_p)]
 
 
 def problem_of(hidden, w_down, w_up_k, w_up_v, heads: int, out=None) -> MlaProblem:
@@ -20,4 +20,4 @@ def problem_of(hidden, w_down, w_up_k, w_up_v, heads: int, out=None) -> MlaProbl
     dtype = MLA_FLOAT32 if str(hidden.dtype) == "torch.float32" else MLA_BFLOAT16
     return MlaProblem(hidden.data_ptr(), w_down.data_ptr(), w_up_k.data_ptr(), w_up_v.data_ptr(),
                       out.data_ptr() if out is not None else None, hidden.numel() // max(hidden.shape[-1], 1),
-                      hidden.shape[-1], w_down.shape[-1], heads, width // heads, dtype, None)
+                      hidden.shape[-1], w_down.shape[-1], heads, width // heads, dtype, None, None)

@@ -124,6 +124,12 @@ def binding():
     return torch.ops.mla_lab.project
 
 
+def preparer():
+    """`torch.ops.mla_lab.prepare`: a step's own layout of the weights, made once (the same binding)."""
+    binding()
+    return torch.ops.mla_lab.prepare
+
+
 def build_step(source: Path, name: str, arch_flags: tuple[str, ...] = (), defines: tuple[str, ...] = ()) -> Path:
     """Compile one step's .cu into its own library and return the library's path.
 

@@ -22,6 +22,10 @@ from . import build, steps
 # and 15.4 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 128}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
+# With the weights prepared once (`prepare`), step 10 no longer transposes them on every call, and
+# it overtakes step 11 at fewer tokens.
+PREPARED_STEP = 10
+DECODE_TOKENS_PREPARED = {torch.bfloat16: 32, torch.float32: 64}
 SLACK = 1.10  # a chosen step may be this much slower than the fastest: run-to-run spread, untuned edges
 RULES_FROM = "h100_80gb_hbm3"
 
@@ -42,8 +46,9 @@ def widest_step(rank: int) -> int:
     return next(n for n in (4, 2, 1) if steps.get(n).max_rank is None or rank <= steps.get(n).max_rank)
 
 
-def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor) -> int:
-    """The step number `project` runs for these inputs (on their GPU)."""
+def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor,
+           prepared: bool = False) -> int:
+    """The step number `project` runs for these inputs (on their GPU), given the weights prepared or not."""
     tokens = hidden.numel() // hidden.shape[-1] if hidden.dim() else 0
     rank = w_down.shape[-1]
     if rank > 512:
@@ -53,9 +58,20 @@ def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_u
     if _kernel(8).takes_fast_path(hidden, w_down, w_up_k, w_up_v):
         return 8  # the toy's widths: every operand fits one block
     outputs = DECODE_OUTPUTS.get(hidden.dtype)
-    if tokens <= DECODE_TOKENS.get(hidden.dtype, 0) and (outputs is None or tokens * 2 * w_up_k.shape[-1] <= outputs):
+    decode_tokens = (DECODE_TOKENS_PREPARED if prepared else DECODE_TOKENS).get(hidden.dtype, 0)
+    if tokens <= decode_tokens and (outputs is None or tokens * 2 * w_up_k.shape[-1] <= outputs):
         return 11
     return 6 if hidden.dtype == torch.bfloat16 else 10
+
+
+def prepare(w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor, heads: int) -> steps.PreparedWeights | None:
+    """The weights prepared once, for every later `project(..., prepared=...)` on them: in step 10's
+    layout where project may run step 10 (fp32 on Hopper, rank <= 512); elsewhere None, as no step
+    project runs there reads the weights in a layout of its own."""
+    build.require_gpu()
+    if w_down.dtype != torch.float32 or w_down.shape[-1] > 512 or not _on_hopper(w_down.device):
+        return None
+    return _kernel(PREPARED_STEP).prepare(w_down, w_up_k, w_up_v, heads)
 
 
 def project(
@@ -65,13 +81,21 @@ def project(
     w_up_v: torch.Tensor,
     heads: int,
     out: torch.Tensor | None = None,
+    prepared: steps.PreparedWeights | None = None,
 ) -> torch.Tensor:
-    """The stacked (B, S, 2, H, hd) projection by the course's fastest step for these inputs."""
+    """The stacked (B, S, 2, H, hd) projection by the course's fastest step for these inputs; with
+    `prepared` (what `prepare` returned for these weights) by the fastest given prepared weights."""
     build.require_gpu()
-    return _kernel(choose(hidden, w_down, w_up_k, w_up_v))(hidden, w_down, w_up_k, w_up_v, heads, out=out)
+    if prepared is not None:
+        prepared.check_made_for(prepared.step, w_down, w_up_k, w_up_v, heads)
+    number = choose(hidden, w_down, w_up_k, w_up_v, prepared=prepared is not None)
+    if prepared is not None and prepared.step.number == number:
+        return _kernel(number)(hidden, w_down, w_up_k, w_up_v, heads, out=out, prepared=prepared)
+    return _kernel(number)(hidden, w_down, w_up_k, w_up_v, heads, out=out)
 
 
 # The harness may hand it a NaN-poisoned output, and holds fp32 to fp32's tolerance.
 project.writes_into_out = True
 project.fp32_math = "fp32"
 NAME = "mla_lab.project"
+PREPARED_NAME = "mla_lab.project prepared"

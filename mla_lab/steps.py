@@ -225,6 +225,40 @@ def exercise_variant() -> str:
     return variant
 
 
+@dataclass(frozen=True, eq=False)
+class PreparedWeights:
+    """The weights in the layout a step's kernel reads (steps 9 and 10: transposed, rounded or split
+    to TF32), made once by `Kernel.prepare` and passed back with every call, as an inference engine
+    prepares its weights when it loads them and not on every call. Valid while the weights it was
+    made from stay the same tensors, unchanged."""
+
+    step: Step
+    data: torch.Tensor | None  # None where the step's own kernel does not take these weights
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    versions: tuple[int, int, int]  # the weights' in-place edit counters when prepared
+    heads: int
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.data is None else self.data.numel()
+
+    def check_made_for(self, step: Step, w_down, w_up_k, w_up_v, heads: int) -> None:
+        """One line naming the fix, where these are not the weights this was prepared from."""
+        if self.step != step:
+            raise ValueError(f"{step.label}: these weights were prepared by {self.step.label}, whose layout "
+                             f"differs; prepare them with {step.label}")
+        for name, given, kept, version in zip(("w_down", "w_up_k", "w_up_v"), (w_down, w_up_k, w_up_v), self.weights,
+                                              self.versions):
+            if given is not kept:
+                raise ValueError(f"{step.label}: {name} is not the tensor these weights were prepared from; pass "
+                                 "the very tensors you prepared, or prepare again")
+            if given._version != version:
+                raise ValueError(f"{step.label}: {name} was changed in place after it was prepared; prepare again")
+        if heads != self.heads:
+            raise ValueError(f"{step.label}: the weights were prepared for heads={self.heads}, not {heads}; "
+                             "prepare again")
+
+
 class Kernel:
     """A built step, called like `problem.reference`: kernel(hidden, w_down, w_up_k, w_up_v, heads)."""
 
@@ -238,6 +272,8 @@ class Kernel:
         self._library = ctypes.CDLL(str(library))
         self._launcher_address = _address(self._library, "mla_launch")
         self._workspace_address = _address(self._library, "mla_workspace_bytes")
+        self._prepare_address = _address(self._library, "mla_prepare")
+        self._prepared_bytes_address = _address(self._library, "mla_prepared_bytes")
         self._project = build.binding()
         self._fallback = load(step.fallback) if step.fallback else None
 
@@ -249,13 +285,33 @@ class Kernel:
         w_up_v: torch.Tensor,
         heads: int,
         out: torch.Tensor | None = None,
+        prepared: PreparedWeights | None = None,
     ) -> torch.Tensor:
-        """The stacked (B, S, 2, H, hd) projection; writes into `out` when one is given."""
+        """The stacked (B, S, 2, H, hd) projection; writes into `out` when one is given. With
+        `prepared` (from `prepare`, for these very weights) the call skips preparing them."""
         if w_down.dim() == 2:
             self.step.check_limits(w_down.shape[1])
+        if prepared is not None:
+            prepared.check_made_for(self.step, w_down, w_up_k, w_up_v, heads)
         fallback = self._fallback or self  # errors name this step; the binding runs the fallback
         return self._project(self._launcher_address, self._workspace_address, fallback._launcher_address,
-                             fallback._workspace_address, self.step.label, hidden, w_down, w_up_k, w_up_v, heads, out)
+                             fallback._workspace_address, self.step.label, hidden, w_down, w_up_k, w_up_v, heads, out,
+                             prepared.data if prepared is not None else None)
+
+    @property
+    def prepares_weights(self) -> bool:
+        """Whether this step reads the weights in a layout of its own, which `prepare` makes once."""
+        return self._prepare_address != 0
+
+    def prepare(self, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor, heads: int) -> PreparedWeights:
+        """These weights in this step's own layout, for every later call on them (`prepared=`)."""
+        if not self.prepares_weights:
+            raise ValueError(f"{self.step.label} reads the weights as they are, so it has nothing to prepare; "
+                             "call it without prepared=")
+        data = build.preparer()(self._prepared_bytes_address, self._prepare_address, self.step.label, w_down, w_up_k,
+                                w_up_v, heads)
+        return PreparedWeights(self.step, data if data.numel() else None, (w_down, w_up_k, w_up_v),
+                               (w_down._version, w_up_k._version, w_up_v._version), heads)
 
     def takes_fast_path(self, hidden, w_down, w_up_k, w_up_v, out=None) -> bool:
         """Whether these inputs run this step's own kernel rather than its fallback step's: the
@@ -269,6 +325,25 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<Kernel {self.step.label} from {self.source.relative_to(REPO)}>"
+
+
+class Prepared:
+    """A contender called as inference calls it: `prepare(w_down, w_up_k, w_up_v, heads)` made once,
+    then every call given its result. `bench.measure` prepares outside the timing (and times the
+    preparing on its own); called without `prepared`, as the checks call it on fresh weights, it
+    prepares them first."""
+
+    writes_into_out = True
+
+    def __init__(self, call, prepare) -> None:
+        self.call, self.prepare = call, prepare
+        self.step = getattr(call, "step", None)
+        self.fp32_math = getattr(call, "fp32_math", "fp32")
+
+    def __call__(self, hidden, w_down, w_up_k, w_up_v, heads, out=None, prepared=None):
+        if prepared is None:
+            prepared = self.prepare(w_down, w_up_k, w_up_v, heads)
+        return self.call(hidden, w_down, w_up_k, w_up_v, heads, out=out, prepared=prepared)
 
 
 def _address(library: ctypes.CDLL, name: str) -> int:

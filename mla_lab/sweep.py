@@ -217,9 +217,14 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         why = why_not_timed(step, kernel, shape, dtype_name, probe)
         if why is None:
             contenders[step.label] = kernel
+            if kernel.prepares_weights:
+                contenders[f"{step.label} prepared"] = steps.Prepared(kernel, kernel.prepare)
         else:
             skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
     chosen = dispatch.choose(*probe)
+    chosen_prepared = dispatch.choose(*probe, prepared=True)
+    if dispatch.prepare(*probe[1:], shape.heads) is not None:
+        contenders[dispatch.PREPARED_NAME] = steps.Prepared(dispatch.project, dispatch.prepare)
     del probe
     contenders[dispatch.NAME] = dispatch.project
     results = bench.measure(contenders, shape, dtype, peers, modes, seed, budget_s, rotate_inputs=True,
@@ -227,6 +232,8 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
     for r in results:
         if r.name == dispatch.NAME and r.status == "ok":
             r.note = f"ran {steps.get(chosen).label}"
+        if r.name == dispatch.PREPARED_NAME and r.status == "ok":
+            r.note = f"ran {steps.get(chosen_prepared).label}"
     return skipped + results
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from mla_lab.abi import MLA_BFLOAT16, MlaProblem
+from mla_lab.abi import MLA_BFLOAT16, MLA_FLOAT32, MlaProblem
 from mla_lab import bench, check, dispatch, steps, sweep
 from mla_lab.grade import IDEA_POINTS, grade
 from mla_lab.problem import TOY, Inputs, Shape, make_inputs, oracle
@@ -257,23 +257,82 @@ def test_views_that_break_16_byte_alignment_are_correct(kernel):
     assert verdict.ok, verdict
 
 
-def test_a_sweep_point_times_every_contender_it_checked():
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+def test_a_sweep_point_times_every_contender_it_checked(dtype_name):
     """The sweep checks every contender, then times them against each other: each comes out "ok"
-    (once a late-bound lambda timed every step as the last peer checked, and all "failed")."""
+    (once a late-bound lambda timed every step as the last peer checked, and all "failed"). In fp32
+    on Hopper steps 9 and 10 and the dispatcher are also timed with their weights prepared once,
+    and the preparing is timed on its own."""
+    dtype = bench.DTYPES[dtype_name]
     chosen = list(steps.STEPS)
     kernels = {s.label: steps.load(s.number) for s in chosen}
     ceilings = {"bf16 matmul TFLOP/s": 700.0, "fp32 matmul TFLOP/s": 50.0, "tf32 matmul TFLOP/s": 350.0,
                 "copy TB/s": 4.0}
     peers = ["eager", "cuBLAS concat"]
-    results = sweep._measure_point("toy", TOY, "bf16", torch.bfloat16, chosen, kernels, peers, ["graph"], None,
+    results = sweep._measure_point("toy", TOY, dtype_name, dtype, chosen, kernels, peers, ["graph"], None,
                                    ceilings, 0.02, seed=1)
-    # steps 9 and 10 are for fp32: in bf16 they run their fallbacks, and the sweep says so
-    inputs = make_inputs(TOY, torch.bfloat16, "cuda")
+    # steps 9 and 10 are for fp32 on Hopper: elsewhere they run their fallbacks, and the sweep says so
+    inputs = make_inputs(TOY, dtype, "cuda")
     expected = {name: "ok" if kernel.takes_fast_path(*inputs) else "skipped" for name, kernel in kernels.items()}
     assert {name for name, status in expected.items() if status == "skipped"} <= {steps.get(n).label for n in (9, 10)}
-    assert {r.name: r.status for r in results} == {**expected, **{name: "ok" for name in [*peers, dispatch.NAME]}}
-    assert {(r.shape, r.dtype, r.mode) for r in results} == {("toy", "bf16", "graph")}
+    prepared = [f"{name} prepared" for name, status in expected.items() if status == "ok" and kernels[name].prepares_weights]
+    if dispatch.prepare(*inputs[1:], TOY.heads) is not None:
+        prepared.append(dispatch.PREPARED_NAME)
+    assert bool(prepared) == (dtype_name == "fp32" and torch.cuda.get_device_capability() == (9, 0))
+    assert {r.name: r.status for r in results} == {**expected, **{name: "ok" for name in [*peers, dispatch.NAME, *prepared]}}
+    assert {(r.shape, r.dtype, r.mode) for r in results} == {("toy", dtype_name, "graph")}
     assert len({r.median_us for r in results if r.status == "ok"}) > 1
+    assert all((r.prepare_us is not None and r.prepare_us > 0) == (r.name in prepared) for r in results if r.status == "ok")
+
+
+@pytest.mark.parametrize("number", [9, 10])
+def test_weights_prepared_once_are_correct_leave_the_workspace_and_replay_in_graphs(number):
+    """Steps 9 and 10 given their weights prepared (Kernel.prepare): correct on the whole shape
+    matrix; each call's workspace no longer holds the transposed weights; a captured graph replays
+    on new hidden states; weights edited in place after preparing are refused."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"step {number}'s own kernel needs an sm_90 GPU; elsewhere nothing is prepared")
+    kernel = steps.load(number)
+    verdicts = check.check_matrix(steps.Prepared(kernel, kernel.prepare), "cuda")
+    assert all(v.ok for v in verdicts), "\n".join(str(v) for v in verdicts if not v.ok)
+    shape = Shape(1, 37, 264, 40, 3, 16)
+    static = make_inputs(shape, torch.float32, "cuda", seed=1)
+    prepared = kernel.prepare(*static[1:], shape.heads)
+    out = torch.empty(shape.out_shape, device="cuda")
+    problem = MlaProblem(*(t.data_ptr() for t in (*static, out)), shape.tokens, shape.d_model, shape.rank,
+                         shape.heads, shape.head_dim, MLA_FLOAT32, None, None)
+    workspace_bytes = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(MlaProblem))(kernel._workspace_address)
+    each_call = workspace_bytes(ctypes.byref(problem))
+    problem.prepared = prepared.data.data_ptr()
+    assert each_call - workspace_bytes(ctypes.byref(problem)) == prepared.nbytes > 0
+    kernel(*static, shape.heads, out=out, prepared=prepared)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel(*static, shape.heads, out=out, prepared=prepared)
+    for seed in (2, 3):  # new tokens, the same weights
+        static.hidden.copy_(make_inputs(shape, torch.float32, "cuda", seed=seed).hidden)
+        out.fill_(float("nan"))
+        graph.replay()
+        verdict = check.compare(out, oracle(static, shape.heads), torch.float32, shape, check.tolerance(kernel, torch.float32))
+        assert verdict.ok, verdict
+    static.w_up_k.copy_(make_inputs(shape, torch.float32, "cuda", seed=4).w_up_k)
+    with pytest.raises(ValueError, match="w_up_k was changed in place after it was prepared; prepare again"):
+        kernel(*static, shape.heads, prepared=prepared)
+
+
+@pytest.mark.parametrize("tokens, dtype", [(3, torch.float32), (300, torch.float32), (300, torch.bfloat16)])
+def test_the_dispatcher_given_prepared_weights_is_correct(tokens, dtype):
+    """mla_lab.prepare, then mla_lab.project(..., prepared=) at V2-Lite's widths: decode tokens run
+    step 11 (which reads the weights as they are), more run step 10 on the prepared layout in fp32;
+    in bf16 no step project runs has a layout of its own, so there is nothing to prepare."""
+    shape = Shape(1, tokens, 2048, 512, 16, 128)
+    inputs = make_inputs(shape, dtype, "cuda")
+    on_hopper = torch.cuda.get_device_capability() == (9, 0)
+    prepared = dispatch.prepare(*inputs[1:], shape.heads)
+    assert (prepared is not None) == (dtype == torch.float32 and on_hopper)
+    if prepared is not None:
+        assert prepared.step.number == dispatch.PREPARED_STEP and prepared.nbytes > 0
+    assert check.check(steps.Prepared(dispatch.project, dispatch.prepare), shape, dtype, "cuda", trials=2).ok
 
 
 def test_compare_refuses_to_time_a_wrong_kernel():

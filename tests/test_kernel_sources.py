@@ -165,3 +165,19 @@ def test_steps_9_and_10_keep_every_wgmma(number, per_stage, hopper_objects):
     """Each of the two GEMM kernels keeps its 4 wgmmas per 32-deep stage (12 with three passes:
     hi*hi, hi*lo and lo*hi for each): ptxas drops none."""
     assert wgmma_instructions(hopper_objects[number]) == per_stage * 2
+
+
+def test_the_ctypes_problem_is_the_headers_struct(tmp_path):
+    """mla_lab/abi.py's MlaProblem, which asks a step's library questions, has the C struct's layout."""
+    import ctypes
+
+    from mla_lab.abi import MlaProblem
+
+    program = tmp_path / "layout.cpp"  # host code only: no CUDA runtime to link
+    fields = [name for name, _ in MlaProblem._fields_]
+    program.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "mla_launch.h"\nint main() {\n'
+                       '  printf("%zu", sizeof(MlaProblem));\n'
+                       + "".join(f'  printf(" %zu", offsetof(MlaProblem, {name}));\n' for name in fields) + "}\n")
+    subprocess.run([nvcc(), "-cudart", "none", "-I", str(KERNELS_DIR), str(program), "-o", str(tmp_path / "layout")], check=True)
+    printed = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(n) for n in printed] == [ctypes.sizeof(MlaProblem), *(getattr(MlaProblem, n).offset for n in fields)]
