@@ -9,6 +9,8 @@
 // - Both GEMMs are one kernel, C = A @ B^T: a TMA producer and two consumer warpgroups.
 // - The transposed weights depend on the weights alone: mla_prepare writes them once, for a caller
 //   that keeps them as inference engines keep theirs, and a call given them skips the transposes.
+// - With few tokens a GEMM has too few tiles to fill the GPU (one decode token: GEMM 1 has 4), so
+//   k is split over blocks there and a small kernel adds their partial sums (splits_of).
 // Step 10: every operand split into TF32 hi and lo, each product as hi*hi + hi*lo + lo*hi, for
 // fp32's accuracy; runs of chunks are added into registers, as the tensor cores round toward zero.
 // Runs fp32 on sm_90 with d_model and rank multiples of 4, hidden 16-byte and out 8-byte aligned
@@ -101,6 +103,21 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N], uint64_t a, uint64_t b
 // TF32, or split into TF32 parts (hi into c, lo into c_lo).
 enum class Store { kAsComputed, kTf32, kTf32Parts };
 
+// Two adjacent results x, y of C at element `at`, stored as kStore says.
+template <Store kStore>
+__device__ __forceinline__ void store_pair(float* c, float* c_lo, int64_t at, float x, float y) {
+  if constexpr (kStore == Store::kAsComputed) {
+    mla::store_whole<mla::Space::kGlobal>(c + at, make_uint2(__float_as_uint(x), __float_as_uint(y)));
+  } else {
+    const float x_hi = tf32(x), y_hi = tf32(y);
+    mla::store_whole<mla::Space::kGlobal>(c + at, make_uint2(__float_as_uint(x_hi), __float_as_uint(y_hi)));
+    if constexpr (kStore == Store::kTf32Parts) {
+      mla::store_whole<mla::Space::kGlobal>(
+          c_lo + at, make_uint2(__float_as_uint(tf32_rest(x, x_hi)), __float_as_uint(tf32_rest(y, y_hi))));
+    }
+  }
+}
+
 // Block order. About 132 blocks run at a time, in the order of blockIdx.x. Row tile by row tile,
 // each wave of GEMM 2 would read all of B: at V3 [w_up_k | w_up_v]^T is 64 MB in fp32, more than
 // the 50 MB L2, so it came from DRAM again for every 128 tokens. Blocks go instead in groups of
@@ -116,7 +133,8 @@ __device__ __forceinline__ void tile_of_block(int64_t tiles_m, int64_t tiles_n, 
 
 // C (m x n, rows `pitch` apart) = A (m x k) @ B (n x k)^T, TF32 products summed in fp32. With
 // kParts == 2 each operand comes as hi and lo parts (a_map and a_lo_map, b_map and b_lo_map), and
-// each product is three passes.
+// each product is three passes. With gridDim.y > 1 the chunks of k are split over blocks: block
+// row y sums its share of them into its own m x n slice of c, y * m * pitch elements in.
 template <class T, Store kStore>
 __global__ void __launch_bounds__(T::kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap a_lo_map,
@@ -131,7 +149,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   int64_t tile_m, tile_n;
   tile_of_block(mla::ceil_div(m, T::kBlockM), mla::ceil_div(n, T::kBlockN), tile_m, tile_n);
   const int64_t m0 = tile_m * T::kBlockM, n0 = tile_n * T::kBlockN;
-  const int chunks = int(mla::ceil_div(k, kChunk));
+  const int per_split = int(mla::ceil_div(mla::ceil_div(k, kChunk), gridDim.y));
+  const int first = int(blockIdx.y) * per_split;
+  const int chunks = max(0, min(per_split, int(mla::ceil_div(k, kChunk)) - first));
+  c += int64_t(blockIdx.y) * m * pitch;
 
   if (threadIdx.x == 0) {
     for (int slot = 0; slot < T::kStages; ++slot) {
@@ -145,16 +166,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (threadIdx.x < 128) {  // the producer: one thread issues every copy
     if (threadIdx.x == 0) {
       for (int chunk = 0; chunk < chunks; ++chunk) {
-        const int slot = chunk % T::kStages;
+        const int slot = chunk % T::kStages, along_k = (first + chunk) * kChunk;
         // A fresh barrier counts as having completed the phase before its first, so the first
         // round of slots does not wait.
         barrier_wait(empty + 8 * slot, (chunk / T::kStages & 1) ^ 1);
         barrier_expect_bytes(full + 8 * slot, T::kStageBytes);  // boxes past an edge land zeros
-        tma_load(a_at(slot), a_map, chunk * kChunk, int(m0), full + 8 * slot);
-        tma_load(b_at(slot), b_map, chunk * kChunk, int(n0), full + 8 * slot);
+        tma_load(a_at(slot), a_map, along_k, int(m0), full + 8 * slot);
+        tma_load(b_at(slot), b_map, along_k, int(n0), full + 8 * slot);
         if constexpr (kParts == 2) {
-          tma_load(a_at(slot) + T::kAPartBytes, a_lo_map, chunk * kChunk, int(m0), full + 8 * slot);
-          tma_load(b_at(slot) + T::kBPartBytes, b_lo_map, chunk * kChunk, int(n0), full + 8 * slot);
+          tma_load(a_at(slot) + T::kAPartBytes, a_lo_map, along_k, int(m0), full + 8 * slot);
+          tma_load(b_at(slot) + T::kBPartBytes, b_lo_map, along_k, int(n0), full + 8 * slot);
         }
       }
     }
@@ -225,18 +246,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if (row + 8 * half < m && column < n) {
-        const float x = acc[4 * i + 2 * half], y = acc[4 * i + 2 * half + 1];
-        const int64_t at = (row + 8 * half) * pitch + column;
-        if constexpr (kStore == Store::kAsComputed) {
-          mla::store_whole<mla::Space::kGlobal>(c + at, make_uint2(__float_as_uint(x), __float_as_uint(y)));
-        } else {
-          const float x_hi = tf32(x), y_hi = tf32(y);
-          mla::store_whole<mla::Space::kGlobal>(c + at, make_uint2(__float_as_uint(x_hi), __float_as_uint(y_hi)));
-          if constexpr (kStore == Store::kTf32Parts) {
-            mla::store_whole<mla::Space::kGlobal>(
-                c_lo + at, make_uint2(__float_as_uint(tf32_rest(x, x_hi)), __float_as_uint(tf32_rest(y, y_hi))));
-          }
-        }
+        store_pair<kStore>(c, c_lo, (row + 8 * half) * pitch + column, acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
       }
     }
   }
@@ -290,6 +300,22 @@ __global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ h
   }
 }
 
+// C (`pairs` pairs of elements, dense) = the sum of the `splits` slices of `partials` that a GEMM
+// split along k wrote, stored as kStore says.
+template <Store kStore>
+__global__ void sum_splits_kernel(const float2* __restrict__ partials, int splits, int64_t pairs, float* c,
+                                  float* c_lo) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
+    float2 sum = partials[i];
+    for (int split = 1; split < splits; ++split) {
+      const float2 part = partials[split * pairs + i];
+      sum.x += part.x;
+      sum.y += part.y;
+    }
+    store_pair<kStore>(c, c_lo, 2 * i, sum.x, sum.y);
+  }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 // A row-major fp32 matrix (rows x columns) read in swizzled boxes of box_rows x 32.
 bool make_map(CUtensorMap* map, const float* data, int64_t rows, int64_t columns, int box_rows) {
@@ -302,30 +328,57 @@ struct Parts {
   const float* lo;
 };
 
+// Few tiles leave most SMs idle while each block streams all of k: at V3-TP8 and one decode token
+// GEMM 1 has 4 tiles of 128 x 7,168 weights each, on 4 of 132 SMs. Where the tiles fill under a
+// quarter of the SMs, k is split over blocks until they fill them, at least kLeastSplitChunks
+// chunks each; the partial sums go through the workspace and a second kernel adds them.
+constexpr int kLeastSplitChunks = 4;
+template <class T>
+int splits_of(int64_t m, int64_t n, int64_t k) {
+  const int64_t tiles = mla::ceil_div(m, T::kBlockM) * mla::ceil_div(n, T::kBlockN), chunks = mla::ceil_div(k, kChunk);
+  const int64_t fill = mla::multiprocessor_count() / tiles, most = chunks / kLeastSplitChunks;
+  if (fill < 4 || most < 2) return 1;
+  const int64_t per_split = mla::ceil_div(chunks, fill < most ? fill : most);
+  return int(mla::ceil_div(chunks, per_split));  // every split gets chunks
+}
+template <class T>
+int64_t partial_elements(int64_t m, int64_t n, int64_t k) {
+  const int splits = splits_of<T>(m, n, k);
+  return splits > 1 ? splits * m * n : 0;
+}
+
 template <class T, Store kStore>
-cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, int64_t k, float* partials,
+                 cudaStream_t stream) {
   CUtensorMap maps[4];  // a, a_lo, b, b_lo
   const float* data[4] = {a.hi, kParts == 2 ? a.lo : a.hi, b.hi, kParts == 2 ? b.lo : b.hi};
   for (int i = 0; i < 4; ++i) {
     if (!make_map(&maps[i], data[i], i < 2 ? m : n, k, i < 2 ? T::kBlockM : T::kBlockN)) return cudaErrorInvalidValue;
   }
-  const auto kernel = gemm_kernel<T, kStore>;
-  const cudaError_t err = mla::allow_shared_memory(kernel, T::kSharedBytes);
+  const int splits = splits_of<T>(m, n, k);
+  const auto kernel = splits > 1 ? gemm_kernel<T, Store::kAsComputed> : gemm_kernel<T, kStore>;
+  cudaError_t err = mla::allow_shared_memory(kernel, T::kSharedBytes);
   if (err != cudaSuccess) return err;
-  const int64_t blocks = mla::ceil_div(m, T::kBlockM) * mla::ceil_div(n, T::kBlockN);
-  kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], c, c_lo, m, n, k, n);
+  const dim3 blocks(unsigned(mla::ceil_div(m, T::kBlockM) * mla::ceil_div(n, T::kBlockN)), unsigned(splits));
+  kernel<<<blocks, T::kThreads, T::kSharedBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], splits > 1 ? partials : c,
+                                                          c_lo, m, n, k, n);
+  err = cudaGetLastError();
+  if (splits == 1 || err != cudaSuccess) return err;
+  const int64_t pairs = m * n / 2, sum_blocks = mla::ceil_div(pairs, 256), most = 132 * 8;  // then grid-stride
+  sum_splits_kernel<kStore><<<unsigned(sum_blocks < most ? sum_blocks : most), 256, 0, stream>>>(
+      reinterpret_cast<const float2*>(partials), splits, pairs, c, c_lo);
   return cudaGetLastError();
 }
 
-// Arrays one after the other, each 256-byte aligned and in kParts parts (hi, then lo).
+// fp32 arrays one after the other, each 256-byte aligned and in parts[i] parts (hi, then lo).
 template <int N>
 struct Arrays {
   int64_t offset[N], part_bytes[N], bytes = 0;
-  explicit Arrays(const int64_t (&elements)[N]) {
+  Arrays(const int64_t (&elements)[N], const int (&parts)[N]) {
     for (int i = 0; i < N; ++i) {
       offset[i] = bytes;
       part_bytes[i] = mla::round_up(elements[i] * 4, 256);
-      bytes += kParts * part_bytes[i];
+      bytes += parts[i] * part_bytes[i];
     }
   }
   Parts at(const void* base, int i) const {
@@ -340,10 +393,17 @@ struct Arrays {
 // then [w_up_k | w_up_v]^T (2 * width x rank). They depend on the weights only, so mla_prepare
 // writes them once where the caller keeps them; without that, every call writes them into its
 // workspace first.
-Arrays<2> weights_of(const MlaProblem* p) { return Arrays<2>({p->rank * p->d_model, 2 * p->heads * p->head_dim * p->rank}); }
-// What each call writes: the latent (tokens x rank) and, with three passes, hidden's parts.
-Arrays<2> per_call_of(const MlaProblem* p) {
-  return Arrays<2>({p->tokens * p->rank, kParts == 2 ? p->tokens * p->d_model : 0});
+Arrays<2> weights_of(const MlaProblem* p) {
+  return Arrays<2>({p->rank * p->d_model, 2 * p->heads * p->head_dim * p->rank}, {kParts, kParts});
+}
+// What each call writes: the latent (tokens x rank), with three passes hidden's parts, and the
+// partial sums of a GEMM split along k (splits_of), one of the two at a time.
+Arrays<3> per_call_of(const MlaProblem* p) {
+  const int64_t width = p->heads * p->head_dim;
+  const int64_t gemm1 = partial_elements<Gemm1Tile>(p->tokens, p->rank, p->d_model);
+  const int64_t gemm2 = partial_elements<Gemm2Tile>(p->tokens, 2 * width, p->rank);
+  return Arrays<3>({p->tokens * p->rank, kParts == 2 ? p->tokens * p->d_model : 0, gemm1 > gemm2 ? gemm1 : gemm2},
+                   {kParts, kParts, 1});
 }
 int64_t workspace_bytes(const MlaProblem* p) {
   return per_call_of(p).bytes + (p->prepared != nullptr ? 0 : weights_of(p).bytes);
@@ -393,7 +453,8 @@ extern "C" cudaError_t mla_prepare(const MlaProblem* p, void* prepared, cudaStre
 extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   if (!takes(p) || p->workspace == nullptr) return cudaErrorNotSupported;
   const int64_t width = p->heads * p->head_dim;
-  const Arrays<2> weights = weights_of(p), per_call = per_call_of(p);
+  const Arrays<2> weights = weights_of(p);
+  const Arrays<3> per_call = per_call_of(p);
   const void* prepared = p->prepared;
   void* scratch = p->workspace;
   cudaError_t err;
@@ -415,11 +476,12 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   float *latent = per_call.part(scratch, 0, 0), *latent_lo = per_call.part(scratch, 0, 1);
+  float* partials = per_call.part(scratch, 2, 0);
   constexpr Store kLatentStore = kParts == 2 ? Store::kTf32Parts : Store::kTf32;
   if ((err = gemm<Gemm1Tile, kLatentStore>(hidden_parts, weights.at(prepared, 0), latent, latent_lo, p->tokens,
-                                           p->rank, p->d_model, stream)) != cudaSuccess) {
+                                           p->rank, p->d_model, partials, stream)) != cudaSuccess) {
     return err;
   }
   return gemm<Gemm2Tile, Store::kAsComputed>({latent, latent_lo}, weights.at(prepared, 1), static_cast<float*>(p->out),
-                                             nullptr, p->tokens, 2 * width, p->rank, stream);
+                                             nullptr, p->tokens, 2 * width, p->rank, partials, stream);
 }
