@@ -253,12 +253,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 }
 
 // to[c][r] = from[r][c] rounded to TF32 (and with kParts == 2 to_lo[c][r] = what that leaves, as
-// TF32), for up to three matrices at once (blockIdx.z picks one).
+// TF32), for three matrices at once. A block moves one square; blocks go matrix by matrix, and
+// square row by square row within one. (A grid covering the largest of the three in x, y and z
+// left 94 % of its blocks with nothing to do at V3, and took 290 µs.)
 struct Transpose {
   const float* from;
   float* to;
   float* to_lo;
   int64_t rows, columns, to_pitch;  // `from` is dense: rows `columns` apart
+  int64_t first_square;  // the block that moves this matrix's first square
 };
 struct Transposes {
   Transpose job[3];
@@ -267,9 +270,10 @@ constexpr int kSide = 32;  // a block moves a 32 x 32 square through shared memo
 
 __global__ void __launch_bounds__(kSide * 8) transpose_kernel(const __grid_constant__ Transposes transposes) {
   __shared__ float square[kSide][kSide + 1];  // + 1: a column's 32 values on 32 banks
-  const Transpose& t = transposes.job[blockIdx.z];
-  const int64_t r0 = int64_t(blockIdx.y) * kSide, c0 = int64_t(blockIdx.x) * kSide;
-  if (r0 >= t.rows || c0 >= t.columns) return;  // the grid covers the largest of the three
+  const int job = blockIdx.x >= transposes.job[2].first_square ? 2 : blockIdx.x >= transposes.job[1].first_square;
+  const Transpose& t = transposes.job[job];
+  const int64_t mine = blockIdx.x - t.first_square, across = mla::ceil_div(t.columns, kSide);
+  const int64_t r0 = mine / across * kSide, c0 = mine % across * kSide;
   for (int i = threadIdx.y; i < kSide; i += 8) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < t.rows && c < t.columns) square[i][threadIdx.x] = t.from[r * t.columns + c];
@@ -426,14 +430,15 @@ cudaError_t prepare(const MlaProblem* p, void* to, cudaStream_t stream) {
   const int64_t width = p->heads * p->head_dim, v_at = width * p->rank;  // w_up_v's rows after w_up_k's
   float *down_t = weights.part(to, 0, 0), *down_t_lo = weights.part(to, 0, 1);
   float *up_t = weights.part(to, 1, 0), *up_t_lo = weights.part(to, 1, 1);
-  const Transposes transposes{{{static_cast<const float*>(p->w_down), down_t, down_t_lo, p->d_model, p->rank, p->d_model},
-                               {static_cast<const float*>(p->w_up_k), up_t, up_t_lo, p->rank, width, p->rank},
-                               {static_cast<const float*>(p->w_up_v), up_t + v_at, up_t_lo + v_at, p->rank, width,
-                                p->rank}}};
-  const int64_t most_rows = p->d_model > p->rank ? p->d_model : p->rank;
-  const int64_t most_columns = p->rank > width ? p->rank : width;
-  const dim3 squares(unsigned(mla::ceil_div(most_columns, kSide)), unsigned(mla::ceil_div(most_rows, kSide)), 3);
-  transpose_kernel<<<squares, dim3(kSide, 8), 0, stream>>>(transposes);
+  Transposes transposes{{{static_cast<const float*>(p->w_down), down_t, down_t_lo, p->d_model, p->rank, p->d_model},
+                         {static_cast<const float*>(p->w_up_k), up_t, up_t_lo, p->rank, width, p->rank},
+                         {static_cast<const float*>(p->w_up_v), up_t + v_at, up_t_lo + v_at, p->rank, width, p->rank}}};
+  int64_t squares = 0;
+  for (Transpose& t : transposes.job) {
+    t.first_square = squares;
+    squares += mla::ceil_div(t.rows, kSide) * mla::ceil_div(t.columns, kSide);
+  }
+  transpose_kernel<<<unsigned(squares), dim3(kSide, 8), 0, stream>>>(transposes);
   return cudaGetLastError();
 }
 

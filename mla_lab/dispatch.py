@@ -20,12 +20,12 @@ from . import build, steps
 # and at V3's 32,768 columns and 64 tokens step 6 is faster. (Step 6 splits GEMM 1 along d_model
 # for a few tokens: in the H100 sweep it took 16.1 µs at V2-Lite 64 tokens against step 11's 19.9,
 # and 15.4 at 16 tokens against 11.3.)
-DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 128}
+DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
-# With the weights prepared once (`prepare`), step 10 no longer transposes them on every call, and
-# it overtakes step 11 at fewer tokens.
+# The one step whose layout `prepare` makes. In the H100 run that set these rules, step 10 (k split
+# over blocks for few tokens) overtook step 11 between 16 and 64 tokens with its weights prepared
+# (27.0 against 18.9 µs at V2-Lite 16 tokens, 28.3 against 44.0 at 64) and without.
 PREPARED_STEP = 10
-DECODE_TOKENS_PREPARED = {torch.bfloat16: 32, torch.float32: 64}
 SLACK = 1.10  # a chosen step may be this much slower than the fastest: run-to-run spread, untuned edges
 RULES_FROM = "h100_80gb_hbm3"
 
@@ -46,9 +46,8 @@ def widest_step(rank: int) -> int:
     return next(n for n in (4, 2, 1) if steps.get(n).max_rank is None or rank <= steps.get(n).max_rank)
 
 
-def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor,
-           prepared: bool = False) -> int:
-    """The step number `project` runs for these inputs (on their GPU), given the weights prepared or not."""
+def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor) -> int:
+    """The step number `project` runs for these inputs (on their GPU)."""
     tokens = hidden.numel() // hidden.shape[-1] if hidden.dim() else 0
     rank = w_down.shape[-1]
     if rank > 512:
@@ -58,8 +57,7 @@ def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_u
     if _kernel(8).takes_fast_path(hidden, w_down, w_up_k, w_up_v):
         return 8  # the toy's widths: every operand fits one block
     outputs = DECODE_OUTPUTS.get(hidden.dtype)
-    decode_tokens = (DECODE_TOKENS_PREPARED if prepared else DECODE_TOKENS).get(hidden.dtype, 0)
-    if tokens <= decode_tokens and (outputs is None or tokens * 2 * w_up_k.shape[-1] <= outputs):
+    if tokens <= DECODE_TOKENS.get(hidden.dtype, 0) and (outputs is None or tokens * 2 * w_up_k.shape[-1] <= outputs):
         return 11
     return 6 if hidden.dtype == torch.bfloat16 else 10
 
@@ -88,7 +86,7 @@ def project(
     build.require_gpu()
     if prepared is not None:
         prepared.check_made_for(prepared.step, w_down, w_up_k, w_up_v, heads)
-    number = choose(hidden, w_down, w_up_k, w_up_v, prepared=prepared is not None)
+    number = choose(hidden, w_down, w_up_k, w_up_v)
     if prepared is not None and prepared.step.number == number:
         return _kernel(number)(hidden, w_down, w_up_k, w_up_v, heads, out=out, prepared=prepared)
     return _kernel(number)(hidden, w_down, w_up_k, w_up_v, heads, out=out)

@@ -222,7 +222,6 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         else:
             skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
     chosen = dispatch.choose(*probe)
-    chosen_prepared = dispatch.choose(*probe, prepared=True)
     if dispatch.prepare(*probe[1:], shape.heads) is not None:
         contenders[dispatch.PREPARED_NAME] = steps.Prepared(dispatch.project, dispatch.prepare)
     del probe
@@ -230,10 +229,8 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
     results = bench.measure(contenders, shape, dtype, peers, modes, seed, budget_s, rotate_inputs=True,
                             ceilings=ceilings, compiled=compiled, shape_name=shape_name)
     for r in results:
-        if r.name == dispatch.NAME and r.status == "ok":
+        if r.name in (dispatch.NAME, dispatch.PREPARED_NAME) and r.status == "ok":
             r.note = f"ran {steps.get(chosen).label}"
-        if r.name == dispatch.PREPARED_NAME and r.status == "ok":
-            r.note = f"ran {steps.get(chosen_prepared).label}"
     return skipped + results
 
 
