@@ -3,14 +3,11 @@
 //
 // What changed from steps 5 and 6, and why: step 5 runs fp32 on mma.sync at a quarter of cuBLAS's
 // TF32 speed, and step 6's wgmma takes bf16 only.
-// - wgmma reads TF32 operands K-major only, so a first kernel writes the weights transposed and
-//   rounded to TF32 into the workspace; TMA rounds hidden on its way in.
+// - wgmma reads TF32 operands K-major only: the weights are transposed and rounded to TF32 first,
+//   once if the caller keeps them (mla_prepare), else on every call; TMA rounds hidden.
 // - The fp32 latent tile (256 KB at 128 tokens) does not fit an SM, so it goes through L2.
-// - Both GEMMs are one kernel, C = A @ B^T: a TMA producer and two consumer warpgroups.
-// - The transposed weights depend on the weights alone: mla_prepare writes them once, for a caller
-//   that keeps them as inference engines keep theirs, and a call given them skips the transposes.
-// - With few tokens a GEMM has too few tiles to fill the GPU (one decode token: GEMM 1 has 4), so
-//   k is split over blocks there and a small kernel adds their partial sums (splits_of).
+// - Both GEMMs are one kernel, C = A @ B^T: a TMA producer and two consumer warpgroups; with too
+//   few tiles to fill the GPU (few tokens) k is split over blocks and their sums added after.
 // Step 10: every operand split into TF32 hi and lo, each product as hi*hi + hi*lo + lo*hi, for
 // fp32's accuracy; runs of chunks are added into registers, as the tensor cores round toward zero.
 // Runs fp32 on sm_90 with d_model and rank multiples of 4, hidden 16-byte and out 8-byte aligned

@@ -9,13 +9,13 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 from . import bench, build, check, dispatch, layout, plots, problem, steps  # noqa: E402
 from .build import gpu_ready, setup_report
-from .dispatch import project
+from .dispatch import prepare, project
 from .grade import grade
 from .hints import hint
 from .problem import PRESETS, TOY, V2_LITE, V3, V3_TP8, Shape, make_inputs, oracle, preset, reference
 
 __all__ = [
     "PRESETS", "TOY", "V2_LITE", "V3", "V3_TP8", "Shape", "bench", "build", "check", "grade",
-    "dispatch", "gpu_ready", "hint", "layout", "make_inputs", "oracle", "plots", "preset", "problem", "project", "reference",
+    "dispatch", "gpu_ready", "hint", "layout", "make_inputs", "oracle", "plots", "prepare", "preset", "problem", "project", "reference",
     "setup_report", "steps",
 ]

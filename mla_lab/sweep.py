@@ -323,12 +323,13 @@ def results_table(sweep: Sweep, mode: str = "graph", with_staleness: bool = Fals
     return "\n".join(lines)
 
 
-def dispatcher_ratios(sweep: Sweep, mode: str = "graph") -> list[tuple[float, Result]]:
-    """`mla_lab.project` against cuBLAS concat (fp32: without TF32) at every point of the sweep:
-    (cuBLAS µs / project µs, project's result), worst first."""
+def dispatcher_ratios(sweep: Sweep, mode: str = "graph", name: str = dispatch.NAME) -> list[tuple[float, Result]]:
+    """`mla_lab.project` (or, named so, project given prepared weights) against cuBLAS concat (fp32:
+    without TF32) at every point of the sweep that has it: (cuBLAS µs / project µs, project's
+    result), worst first."""
     ratios = []
     for r in sweep.results:
-        if r.name == dispatch.NAME and r.mode == mode and r.status == "ok":
+        if r.name == name and r.mode == mode and r.status == "ok":
             cublas = sweep.find("cuBLAS concat", r.shape, r.dtype, mode)
             if cublas and cublas.status == "ok":
                 ratios.append((cublas.median_us / r.median_us, r))
@@ -359,9 +360,17 @@ def dispatcher_lines(sweep: Sweep, mode: str = "graph") -> list[str]:
         return []
     (worst, w), (best, b) = ratios[0], ratios[-1]
     ahead = sum(1 for ratio, _ in ratios if ratio >= 1.0)
-    return [f"`mla_lab.project` (the fastest step for each shape) against cuBLAS concat over all {len(ratios)} "
-            f"points of the sweep: worst {worst:.2f}x ({w.shape} {w.dtype}), best {best:.2f}x ({b.shape} {b.dtype}); "
-            f"ahead at {ahead}.", ""]
+    lines = [f"`mla_lab.project` (the fastest step for each shape) against cuBLAS concat over all {len(ratios)} "
+             f"points of the sweep: worst {worst:.2f}x ({w.shape} {w.dtype}), best {best:.2f}x ({b.shape} {b.dtype}); "
+             f"ahead at {ahead}.", ""]
+    prepared = dispatcher_ratios(sweep, mode, dispatch.PREPARED_NAME)
+    if prepared:
+        (worst, w), (best, b) = prepared[0], prepared[-1]
+        lines += [f"Given its weights prepared once (`mla_lab.prepare`, as cuBLAS concat's are concatenated once), at "
+                  f"the {len(prepared)} points where preparing applies: worst {worst:.2f}x ({w.shape} {w.dtype}), "
+                  f"best {best:.2f}x ({b.shape} {b.dtype}); ahead at {sum(1 for ratio, _ in prepared if ratio >= 1.0)}.",
+                  ""]
+    return lines
 
 
 def stale_note(sweep: Sweep) -> list[str]:

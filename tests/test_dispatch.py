@@ -22,6 +22,19 @@ def test_the_dispatcher_runs_the_fastest_step_at_every_point_of_its_sweep():
     assert not slow, "mla_lab.project is slower than the fastest step at: " + "; ".join(slow)
 
 
+@pytest.mark.skipif(not SWEEP_PATHS, reason=f"no results/{dispatch.RULES_FROM}.json in this checkout")
+def test_the_dispatcher_given_prepared_weights_runs_the_fastest_step_where_its_sweep_timed_it():
+    """Where the sweep timed project with prepared weights (fp32 on Hopper), it is within SLACK of
+    the fastest fp32-accurate step there, prepared or not; the sweeps before `prepare` timed none."""
+    record = sweep.Sweep.load(SWEEP_PATHS[0])
+    slow = []
+    for _, result in sweep.dispatcher_ratios(record, name=dispatch.PREPARED_NAME):
+        best = sweep.best_step(record, result.shape, result.dtype, "graph", "fp32")
+        if result.median_us > dispatch.SLACK * best.median_us:
+            slow.append(f"{result.shape}: project prepared {result.median_us:.1f} µs, {best.name} {best.median_us:.1f}")
+    assert not slow, "mla_lab.project given prepared weights is slower than the fastest step at: " + "; ".join(slow)
+
+
 def test_the_dispatcher_asks_for_a_gpu_in_one_line_without_one():
     import torch
 
