@@ -136,16 +136,16 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, int64_t 
   MlaProblem problem{hidden.data_ptr(), w_down.data_ptr(), w_up_k.data_ptr(),
                      w_up_v.data_ptr(), result.data_ptr(), batch * seq, d_model, rank,
                      heads, head_dim, dtype == at::kFloat ? MLA_FLOAT32 : MLA_BFLOAT16, nullptr, nullptr};
-  if (prepared.has_value() && prepared->numel() > 0) {  // mla_lab.steps checked that it holds these weights
+  const void* prepared_weights = nullptr;  // mla_lab.steps checked that they are these weights'
+  if (prepared.has_value() && prepared->numel() > 0) {
     TORCH_CHECK(prepared->device() == hidden.device() && prepared->is_contiguous(), step,
                 ": the prepared weights are not on hidden's GPU; prepare them there");
-    problem.prepared = prepared->data_ptr();
+    prepared_weights = prepared->data_ptr();
   }
-  const void* own_prepared = problem.prepared;
   at::Tensor workspace;  // freed on return: the caching allocator keeps it for this stream's order
-  const auto launch = [&](int64_t launcher, int64_t workspace_function, const void* prepared_weights) {
+  const auto launch = [&](int64_t launcher, int64_t workspace_function, const void* weights_layout) {
     problem.workspace = nullptr;
-    problem.prepared = prepared_weights;
+    problem.prepared = weights_layout;
     if (workspace_function != 0) {
       const size_t bytes = reinterpret_cast<WorkspaceSize>(workspace_function)(&problem);
       if (bytes > 0) {
@@ -155,7 +155,7 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, int64_t 
     }
     return reinterpret_cast<Launcher>(launcher)(&problem, c10::cuda::getCurrentCUDAStream().stream());
   };
-  cudaError_t err = launch(launcher_address, workspace_address, own_prepared);
+  cudaError_t err = launch(launcher_address, workspace_address, prepared_weights);
   if (err == cudaErrorNotSupported && fallback_launcher_address != launcher_address) {
     err = launch(fallback_launcher_address, fallback_workspace_address, nullptr);  // the layout is not the fallback's
   }
