@@ -22,10 +22,10 @@ from . import build, steps
 # and 15.4 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
-# The one step whose layout `prepare` makes. In the H100 run that set these rules, step 10 (k split
-# over blocks for few tokens) overtook step 11 between 16 and 64 tokens with its weights prepared
-# (27.0 against 18.9 µs at V2-Lite 16 tokens, 28.3 against 44.0 at 64) and without.
-PREPARED_STEP = 10
+# In fp32, step 10 (k split over blocks for few tokens) overtakes step 11 between 16 and 64 tokens,
+# with its weights prepared or not: in an H100 run of commit 666e626, prepared, 27.0 against 18.9 µs
+# at V2-Lite 16 tokens and 28.3 against 44.0 at 64; at V3 64 tokens 87.2 against 233.3.
+PREPARED_STEP = 10  # the one step whose layout `prepare` makes
 SLACK = 1.10  # a chosen step may be this much slower than the fastest: run-to-run spread, untuned edges
 RULES_FROM = "h100_80gb_hbm3"
 
