@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("ab", help="one step as another commit had it beside this checkout's, checked then timed in one process (GPU)")
     p.add_argument("step", help="the step's number or name")
-    p.add_argument("--against", required=True, metavar="REV", help="the commit to compare with (a hash, HEAD~1, a branch)")
+    p.add_argument("--against", required=True, metavar="REV", help="the commit to compare with (a hash, HEAD~1, a branch), "
+                   "or, where the checkout has no history, a file holding the step's older source (git show REV:PATH > FILE)")
     p.add_argument("--points", nargs="+", metavar="POINT", help='sweep points such as "v2_lite@128 bf16" (default: few '
                    "tokens to prefill at the three real widths, in --dtype)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])

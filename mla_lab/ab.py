@@ -2,10 +2,14 @@
 
     python -m mla_lab ab 6 --against 2633931
     python -m mla_lab ab 6 --against HEAD --points "v2_lite@1 bf16" "v2_lite@4096 bf16"
+    python -m mla_lab ab 10 --against build/old_09.cu    (a copy without history: the older source as a file)
 
 The step at REV comes from a checkout of REV (`mla_lab.sass.worktree`) and is built as REV's own
 registry says (its architectures and definitions, `mla_lab.sass.registry_of`), against REV's course
-headers, into a library of its own; this checkout's source is built as the course builds it. At
+headers, into a library of its own. Where the checkout has no history (a GPU machine lent a copy of
+the working tree knows its HEAD only), the older source comes as a file, `git show REV:PATH > FILE`
+made where the history is, and is built beside this checkout's headers as this checkout's registry
+builds the step. This checkout's source is built as the course builds it. At
 each point `bench.compare` checks both against float64 (NaN-poisoned output, fresh random inputs),
 then times them beside eager and cuBLAS in interleaved rounds of CUDA-graph replays, one process,
 one GPU. The table gives each median with its p10-p90 and says whether the new one is faster or
@@ -15,8 +19,10 @@ slower outside that spread.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +50,9 @@ def commit_of(rev: str) -> str:
     try:
         return _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
     except ABProblem:
-        raise ABProblem(f"{rev!r} is not a commit of this repository (git log --oneline lists them)") from None
+        raise ABProblem(f"{rev!r} is not a commit of this repository (git log --oneline lists them); where the "
+                        "checkout has no history, give the older source as a file: git show REV:PATH > FILE, "
+                        "then --against FILE") from None
 
 
 @contextlib.contextmanager
@@ -67,6 +75,33 @@ def source_at(rev: str, step: steps.Step):
         if source != beside:
             shutil.copyfile(source, beside)
         yield beside, tuple(f for f in built["flags"] if f.startswith("-gencode")), tuple(built["defines"])
+
+
+@contextlib.contextmanager
+def source_in_file(path: Path, step: steps.Step):
+    """Yield (source, arch_flags, defines) for an older source of the step kept as a file: a copy of
+    it beside a copy of this checkout's kernels/ (its quoted includes look there first), built as
+    this checkout's registry builds the step; the copies are removed afterwards."""
+    scratch = steps.REPO / "build"
+    scratch.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch) as folder:
+        kernels = Path(folder) / "kernels"
+        shutil.copytree(steps.KERNELS_DIR, kernels)
+        beside = kernels / step.filename
+        shutil.copyfile(path, beside)
+        yield beside, step.arch_flags, step.defines
+
+
+def older_source(against: str, step: steps.Step):
+    """`source_in_file` where AGAINST is a file, else `source_at` the commit it names."""
+    return source_in_file(Path(against), step) if Path(against).is_file() else source_at(against, step)
+
+
+def label_of(against: str) -> str:
+    """What names the older form in its library: the commit, or the file's contents."""
+    if Path(against).is_file():
+        return hashlib.sha256(Path(against).read_bytes()).hexdigest()[:12]
+    return commit_of(against)[:12]
 
 
 @dataclass
@@ -97,18 +132,17 @@ def parse_point(name: str):
 
 
 def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
-    """Check, then time, the step at REV and here at each point. Every argument is checked before a
-    GPU is asked for."""
+    """Check, then time, the step at REV (a commit, or a file holding its older source) and here at
+    each point. Every argument is checked before a GPU is asked for."""
     try:
         step = steps.get(step_key)
     except (KeyError, ValueError) as unknown:
         raise ABProblem(str(unknown)) from None
     parsed = [(name, *parse_point(name)) for name in points]
     rows = []
-    with source_at(rev, step) as (source, arch_flags, defines):
+    with older_source(rev, step) as (source, arch_flags, defines):
         build.require_gpu()
-        library = build.build_step(source, f"mla_ab_{step.number:02d}_{step.name}_{commit_of(rev)[:12]}",
-                                   arch_flags, defines)
+        library = build.build_step(source, f"mla_ab_{step.number:02d}_{step.name}_{label_of(rev)}", arch_flags, defines)
         before, after = steps.Kernel(step, source, library), steps.load(step)
         for name, shape, dtype in parsed:
             timings = {t.name: t for t in bench.compare({"before": before, "after": after}, shape, dtype, "graph")}

@@ -32,6 +32,25 @@ def test_the_old_source_compiles_against_its_own_headers():
     assert not ok and "the copied header was included" in report
 
 
+def test_an_older_source_given_as_a_file_is_built_beside_this_checkouts_headers(tmp_path):
+    """For a checkout without history (a GPU machine lent a copy of the working tree): the file,
+    under the step's own name, next to copies of this checkout's course headers, with this
+    checkout's build flags; the copies are gone afterwards."""
+    step = steps.get(10)
+    older = tmp_path / "old.cu"
+    older.write_text(git_show("HEAD:kernels/09_tf32_wgmma.cu") + "// an older form\n")
+    with ab.older_source(str(older), step) as (source, arch_flags, defines):
+        assert source.name == "09_tf32_wgmma.cu" and source.read_text() == older.read_text()
+        for header in ("mla_common.cuh", "mla_hopper.cuh", "mla_launch.h"):
+            assert (source.parent / header).read_text() == (steps.KERNELS_DIR / header).read_text()
+        assert (arch_flags, defines) == (step.arch_flags, step.defines) and defines == ("MLA_THREE_PASSES=1",)
+        (source.parent / "mla_hopper.cuh").write_text('#error "the copied header was included"\n')
+        ok, report = build.compile_report(source, arch_flags, defines)
+        assert not ok and "the copied header was included" in report
+    assert not source.parent.exists()
+    assert ab.label_of(str(older)) != ab.label_of("HEAD")
+
+
 def test_a_timing_is_faster_or_slower_only_outside_the_other_ones_spread():
     def timing(median, low, high):
         return bench.Timing("k", "graph", median, low, high, 100, 0)
@@ -46,7 +65,8 @@ def test_a_timing_is_faster_or_slower_only_outside_the_other_ones_spread():
 
 
 @pytest.mark.parametrize("arguments, said", [
-    (["6", "--against", "no-such-commit"], "'no-such-commit' is not a commit of this repository"),
+    (["6", "--against", "no-such-commit"], "'no-such-commit' is not a commit of this repository (git log --oneline "
+                                           "lists them); where the checkout has no history, give the older source as a file"),
     (["6", "--against", "HEAD", "--points", "v2_lite@7 bf16"], "'v2_lite@7 bf16' is not a sweep point"),
     (["12", "--against", "HEAD"], "no step 12"),
 ])
