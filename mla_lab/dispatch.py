@@ -62,14 +62,18 @@ def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_u
     return 6 if hidden.dtype == torch.bfloat16 else 10
 
 
+def has_layout_to_prepare(w_down: torch.Tensor) -> bool:
+    """Whether project may run a step with a layout of its own on these weights: step 10, for fp32
+    on Hopper with rank <= 512."""
+    return w_down.dtype == torch.float32 and w_down.shape[-1] <= 512 and _on_hopper(w_down.device)
+
+
 def prepare(w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor, heads: int) -> steps.PreparedWeights | None:
     """The weights prepared once, for every later `project(..., prepared=...)` on them: in step 10's
-    layout where project may run step 10 (fp32 on Hopper, rank <= 512); elsewhere None, as no step
-    project runs there reads the weights in a layout of its own."""
+    layout where project may run step 10; elsewhere None, as no step project runs there reads the
+    weights in a layout of its own."""
     build.require_gpu()
-    if w_down.dtype != torch.float32 or w_down.shape[-1] > 512 or not _on_hopper(w_down.device):
-        return None
-    return _kernel(PREPARED_STEP).prepare(w_down, w_up_k, w_up_v, heads)
+    return _kernel(PREPARED_STEP).prepare(w_down, w_up_k, w_up_v, heads) if has_layout_to_prepare(w_down) else None
 
 
 def project(
@@ -84,12 +88,11 @@ def project(
     """The stacked (B, S, 2, H, hd) projection by the course's fastest step for these inputs; with
     `prepared` (what `prepare` returned for these weights) by the fastest given prepared weights."""
     build.require_gpu()
-    if prepared is not None:
-        prepared.check_made_for(prepared.step, w_down, w_up_k, w_up_v, heads)
-    number = choose(hidden, w_down, w_up_k, w_up_v)
-    if prepared is not None and prepared.step.number == number:
-        return _kernel(number)(hidden, w_down, w_up_k, w_up_v, heads, out=out, prepared=prepared)
-    return _kernel(number)(hidden, w_down, w_up_k, w_up_v, heads, out=out)
+    kernel = _kernel(choose(hidden, w_down, w_up_k, w_up_v))
+    if prepared is not None and prepared.step != kernel.step:  # a step that reads the weights as they are
+        prepared.check_made_for(prepared.step, w_down, w_up_k, w_up_v, heads)  # still: these very weights
+        prepared = None
+    return kernel(hidden, w_down, w_up_k, w_up_v, heads, out=out, prepared=prepared)
 
 
 # The harness may hand it a NaN-poisoned output, and holds fp32 to fp32's tolerance.

@@ -222,7 +222,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         else:
             skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
     chosen = dispatch.choose(*probe)
-    if dispatch.prepare(*probe[1:], shape.heads) is not None:
+    if dispatch.has_layout_to_prepare(probe.w_down):
         contenders[dispatch.PREPARED_NAME] = steps.Prepared(dispatch.project, dispatch.prepare)
     del probe
     contenders[dispatch.NAME] = dispatch.project

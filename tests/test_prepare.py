@@ -46,3 +46,13 @@ def test_prepared_weights_that_do_not_belong_to_the_call_are_refused_before_it_r
         steps.load(10)(hidden, *weights, heads, prepared=prepared)  # CPU tensors: no launch would run
     assert "\n" not in str(error.value)
 
+
+
+def test_the_dispatcher_has_nothing_to_prepare_in_bf16_or_past_rank_512():
+    """Decided from dtype and rank before any GPU is asked (the sweep asks it at every point)."""
+    import torch
+
+    from mla_lab import dispatch
+
+    assert not dispatch.has_layout_to_prepare(torch.empty(8, 64, dtype=torch.bfloat16))
+    assert not dispatch.has_layout_to_prepare(torch.empty(8, 520))
