@@ -38,6 +38,7 @@ SHAPES: dict[str, Shape] = {
 }
 DTYPES = bench.DTYPES
 PEERS = bench.PEERS
+PREPARED_SUFFIX = " prepared"  # a contender given its weights prepared once, outside the timing
 
 
 def point(name: str) -> tuple[str, Shape, str, torch.dtype]:
@@ -218,7 +219,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         if why is None:
             contenders[step.label] = kernel
             if kernel.prepares_weights:
-                contenders[f"{step.label} prepared"] = steps.Prepared(kernel, kernel.prepare)
+                contenders[f"{step.label}{PREPARED_SUFFIX}"] = steps.Prepared(kernel, kernel.prepare)
         else:
             skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
     chosen = dispatch.choose(*probe)
@@ -267,12 +268,14 @@ def _step_number(name: str) -> int:
 
 
 def best_step(sweep: Sweep, shape: str, dtype: str, mode: str, fp32_math: str | None = None,
-              ffma_only: bool = False) -> Result | None:
-    """The fastest correct course step at one point (optionally only fp32-exact or TF32 ones, and
-    only those that take fp32 on the FP32 pipes)."""
+              ffma_only: bool = False, prepared: bool = True) -> Result | None:
+    """The fastest correct course step at one point (optionally only fp32-exact or TF32 ones, only
+    those that take fp32 on the FP32 pipes, and only as called without prepared weights)."""
     candidates = []
     for r in sweep.results:
         if (r.shape, r.dtype, r.mode, r.status) != (shape, dtype, mode, "ok") or not r.name.startswith("step"):
+            continue
+        if not prepared and r.name.endswith(PREPARED_SUFFIX):
             continue
         step = steps.get(_step_number(r.name))
         if dtype == "fp32" and ((fp32_math is not None and step.fp32_math != fp32_math)
@@ -441,8 +444,9 @@ def point_table(sweep: Sweep, shape: str, mode: str = "graph") -> str:
 
     names = list(dict.fromkeys(r.name for r in sweep.results if r.shape == shape and r.mode == mode))
     names.sort(key=lambda n: (0, _step_number(n), "") if n.startswith("step") else (1, 0, n))
-    lines = [f"{shape}, {mode} mode, median µs", f"{'':24} {'fp32':>10} {'bf16':>10}"]
-    lines += [f"{name:24} {cell(name, 'fp32'):>10} {cell(name, 'bf16'):>10}" for name in names]
+    width = max(len(name) for name in names)
+    lines = [f"{shape}, {mode} mode, median µs", f"{'':{width}} {'fp32':>10} {'bf16':>10}"]
+    lines += [f"{name:{width}} {cell(name, 'fp32'):>10} {cell(name, 'bf16'):>10}" for name in names]
     return "\n".join(lines)
 
 

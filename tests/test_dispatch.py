@@ -1,6 +1,7 @@
 """`mla_lab.project`'s rules against the sweep they were read from: at every point of the newest
 sweep of that device, the step it ran is the fastest course step there, or within dispatch.SLACK.
-fp32 points compare only steps that keep fp32's accuracy (project never trades it for speed)."""
+fp32 points compare only steps that keep fp32's accuracy (project never trades it for speed);
+project called without prepared weights is compared with the steps called the same way."""
 
 import pytest
 
@@ -16,7 +17,8 @@ def test_the_dispatcher_runs_the_fastest_step_at_every_point_of_its_sweep():
     assert len(ratios) == len(sweep.SHAPES) * len(sweep.DTYPES), "the sweep has no project result at some point"
     slow = []
     for _, result in ratios:
-        best = sweep.best_step(record, result.shape, result.dtype, "graph", "fp32" if result.dtype == "fp32" else None)
+        best = sweep.best_step(record, result.shape, result.dtype, "graph", "fp32" if result.dtype == "fp32" else None,
+                               prepared=False)
         if result.median_us > dispatch.SLACK * best.median_us:
             slow.append(f"{result.shape} {result.dtype}: project {result.median_us:.1f} µs, {best.name} {best.median_us:.1f}")
     assert not slow, "mla_lab.project is slower than the fastest step at: " + "; ".join(slow)

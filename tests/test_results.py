@@ -145,7 +145,10 @@ def test_a_point_table_lists_every_contender_in_both_dtypes(path):
     record = sweep.Sweep.load(path)
     table = sweep.point_table(record, "toy").splitlines()
     assert table[1].split() == ["fp32", "bf16"]
-    rows = {line[:24].strip(): line[24:].split() for line in table[2:]}
+    width = len(table[1]) - 2 * len(" {:>10}".format(""))  # the names' column, as wide as the longest name
+    assert width == max(len(r.name) for r in record.results if r.shape == "toy")
+    rows = {line[:width].strip(): line[width:].split() for line in table[2:]}
+    assert {len(line) for line in table[1:]} == {len(table[1])}, "columns out of line"
     assert set(rows) == {r.name for r in record.results if r.shape == "toy"}
     toy_step7 = record.find("step 7 (latency)", "toy", "bf16")
     assert rows["step 7 (latency)"][1] == f"{toy_step7.median_us:,.1f}"
