@@ -8,6 +8,8 @@
 // - The fp32 latent tile (256 KB at 128 tokens) does not fit an SM, so it goes through L2.
 // - Both GEMMs are one kernel, C = A @ B^T: a TMA producer and two consumer warpgroups; with too
 //   few tiles to fill the GPU (few tokens) k is split over blocks and their sums added after.
+// - A call is a chain of up to six kernels; each after the first is a programmatic dependent of
+//   the one before, so its launch and set-up overlap that kernel's last blocks.
 // Step 10: every operand split into TF32 hi and lo, each product as hi*hi + hi*lo + lo*hi, for
 // fp32's accuracy; runs of chunks are added into registers, as the tensor cores round toward zero.
 // Runs fp32 on sm_90 with d_model and rank multiples of 4, hidden 16-byte and out 8-byte aligned
@@ -115,6 +117,14 @@ __device__ __forceinline__ void store_pair(float* c, float* c_lo, int64_t at, fl
   }
 }
 
+// Programmatic dependent launch: a kernel launched so (`launch` with after_kernel) may start
+// while the one before it finishes. Every kernel lets its dependent start at once, and waits, in
+// all its threads, for the kernel before it to finish before it reads or writes global memory: a
+// block may have no chunks and store at once, and the buffers it writes are read by the kernel
+// before.
+__device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_kernel_before() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // Block order. About 132 blocks run at a time, in the order of blockIdx.x. Row tile by row tile,
 // each wave of GEMM 2 would read all of B: at V3 [w_up_k | w_up_v]^T is 64 MB in fp32, more than
 // the 50 MB L2, so it came from DRAM again for every 128 tokens. Blocks go instead in groups of
@@ -159,6 +169,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  let_next_kernel_start();
+  wait_for_kernel_before();
 
   if (threadIdx.x < 128) {  // the producer: one thread issues every copy
     if (threadIdx.x == 0) {
@@ -267,6 +279,8 @@ constexpr int kSide = 32;  // a block moves a 32 x 32 square through shared memo
 
 __global__ void __launch_bounds__(kSide * 8) transpose_kernel(const __grid_constant__ Transposes transposes) {
   __shared__ float square[kSide][kSide + 1];  // + 1: a column's 32 values on 32 banks
+  let_next_kernel_start();
+  wait_for_kernel_before();
   const int job = blockIdx.x >= transposes.job[2].first_square ? 2 : blockIdx.x >= transposes.job[1].first_square;
   const Transpose& t = transposes.job[job];
   const int64_t mine = blockIdx.x - t.first_square, across = mla::ceil_div(t.columns, kSide);
@@ -290,6 +304,8 @@ __global__ void __launch_bounds__(kSide * 8) transpose_kernel(const __grid_const
 // thread (tokens * d_model is a multiple of 4, hidden 16-byte aligned).
 __global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ hi, float* __restrict__ lo,
                              int64_t quads) {
+  let_next_kernel_start();
+  wait_for_kernel_before();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = x[i];
     const float h[4] = {tf32(v.x), tf32(v.y), tf32(v.z), tf32(v.w)};
@@ -306,6 +322,8 @@ __global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ h
 template <Store kStore>
 __global__ void sum_splits_kernel(const float2* __restrict__ partials, int splits, int64_t pairs, float* c,
                                   float* c_lo) {
+  let_next_kernel_start();
+  wait_for_kernel_before();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
     float2 sum = partials[i];
     for (int split = 1; split < splits; ++split) {
@@ -321,6 +339,25 @@ __global__ void sum_splits_kernel(const float2* __restrict__ partials, int split
 // A row-major fp32 matrix (rows x columns) read in swizzled boxes of box_rows x 32.
 bool make_map(CUtensorMap* map, const float* data, int64_t rows, int64_t columns, int box_rows) {
   return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 4, rows, columns, box_rows);
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), and with `after_kernel` as a programmatic
+// dependent of the kernel launched before it on `stream`. The first kernel of a call is not: what
+// ran before it (another library's kernel, a copy) need not let it start early.
+template <class... Params, class... Args>
+cudaError_t launch(bool after_kernel, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute dependent;
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = after_kernel ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, Params(args)...);
 }
 
 // An operand in TF32 parts: `hi`, and with kParts == 2 `lo` (else unused).
@@ -350,7 +387,7 @@ int64_t partial_elements(int64_t m, int64_t n, int64_t k) {
 
 template <class T, Store kStore>
 cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, int64_t k, float* partials,
-                 cudaStream_t stream) {
+                 bool after_kernel, cudaStream_t stream) {
   CUtensorMap maps[4];  // a, a_lo, b, b_lo
   const float* data[4] = {a.hi, kParts == 2 ? a.lo : a.hi, b.hi, kParts == 2 ? b.lo : b.hi};
   for (int i = 0; i < 4; ++i) {
@@ -361,14 +398,12 @@ cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, 
   cudaError_t err = mla::allow_shared_memory(kernel, T::kSharedBytes);
   if (err != cudaSuccess) return err;
   const dim3 blocks(unsigned(mla::ceil_div(m, T::kBlockM) * mla::ceil_div(n, T::kBlockN)), unsigned(splits));
-  kernel<<<blocks, T::kThreads, T::kSharedBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], splits > 1 ? partials : c,
-                                                          c_lo, m, n, k, n);
-  err = cudaGetLastError();
+  err = launch(after_kernel, kernel, blocks, dim3(T::kThreads), T::kSharedBytes, stream, maps[0], maps[1], maps[2],
+               maps[3], splits > 1 ? partials : c, c_lo, m, n, k, n);
   if (splits == 1 || err != cudaSuccess) return err;
   const int64_t pairs = m * n / 2, sum_blocks = mla::ceil_div(pairs, 256), most = 132 * 8;  // then grid-stride
-  sum_splits_kernel<kStore><<<unsigned(sum_blocks < most ? sum_blocks : most), 256, 0, stream>>>(
-      reinterpret_cast<const float2*>(partials), splits, pairs, c, c_lo);
-  return cudaGetLastError();
+  return launch(true, sum_splits_kernel<kStore>, dim3(unsigned(sum_blocks < most ? sum_blocks : most)), dim3(256), 0,
+                stream, reinterpret_cast<const float2*>(partials), splits, pairs, c, c_lo);
 }
 
 // fp32 arrays one after the other, each 256-byte aligned and in parts[i] parts (hi, then lo).
@@ -435,8 +470,7 @@ cudaError_t prepare(const MlaProblem* p, void* to, cudaStream_t stream) {
     t.first_square = squares;
     squares += mla::ceil_div(t.rows, kSide) * mla::ceil_div(t.columns, kSide);
   }
-  transpose_kernel<<<unsigned(squares), dim3(kSide, 8), 0, stream>>>(transposes);
-  return cudaGetLastError();
+  return launch(false, transpose_kernel, dim3(unsigned(squares)), dim3(kSide, 8), 0, stream, transposes);
 }
 
 }  // namespace
@@ -460,9 +494,11 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   const void* prepared = p->prepared;
   void* scratch = p->workspace;
   cudaError_t err;
+  bool after_kernel = false;  // the call's first kernel waits for whatever ran before it
   if (prepared == nullptr) {  // the weights' layout first, in the workspace, then the rest after it
     if ((err = prepare(p, p->workspace, stream)) != cudaSuccess) return err;
     prepared = p->workspace;
+    after_kernel = true;
     scratch = static_cast<uint8_t*>(p->workspace) + weights.bytes;
   }
   const auto* hidden = static_cast<const float*>(p->hidden);
@@ -473,17 +509,18 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
     hidden_parts = {hidden_hi, hidden_lo};
     const int64_t quads = p->tokens * p->d_model / 4;
     const int64_t blocks = mla::ceil_div(quads, 256), most = 132 * 16;  // then grid-stride
-    split_kernel<<<unsigned(blocks < most ? blocks : most), 256, 0, stream>>>(
-        reinterpret_cast<const float4*>(hidden), hidden_hi, hidden_lo, quads);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    err = launch(after_kernel, split_kernel, dim3(unsigned(blocks < most ? blocks : most)), dim3(256), 0, stream,
+                 reinterpret_cast<const float4*>(hidden), hidden_hi, hidden_lo, quads);
+    if (err != cudaSuccess) return err;
+    after_kernel = true;
   }
   float *latent = per_call.part(scratch, 0, 0), *latent_lo = per_call.part(scratch, 0, 1);
   float* partials = per_call.part(scratch, 2, 0);
   constexpr Store kLatentStore = kParts == 2 ? Store::kTf32Parts : Store::kTf32;
   if ((err = gemm<Gemm1Tile, kLatentStore>(hidden_parts, weights.at(prepared, 0), latent, latent_lo, p->tokens,
-                                           p->rank, p->d_model, partials, stream)) != cudaSuccess) {
+                                           p->rank, p->d_model, partials, after_kernel, stream)) != cudaSuccess) {
     return err;
   }
   return gemm<Gemm2Tile, Store::kAsComputed>({latent, latent_lo}, weights.at(prepared, 1), static_cast<float*>(p->out),
-                                             nullptr, p->tokens, 2 * width, p->rank, partials, stream);
+                                             nullptr, p->tokens, 2 * width, p->rank, partials, true, stream);
 }
