@@ -12,8 +12,9 @@ made where the history is, and is built beside this checkout's headers as this c
 builds the step. This checkout's source is built as the course builds it. At
 each point `bench.compare` checks both against float64 (NaN-poisoned output, fresh random inputs),
 then times them beside eager and cuBLAS in interleaved rounds of CUDA-graph replays, one process,
-one GPU. The table gives each median with its p10-p90 and says whether the new one is faster or
-slower outside that spread.
+one GPU; a step that prepares its weights once (steps 9 and 10, fp32) is timed both without and
+with them prepared, outside the timing. The table gives each median with its p10-p90 and says
+whether the new one is faster or slower outside that spread.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from . import bench, build, sass, steps, sweep
 
@@ -144,9 +147,20 @@ def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
         build.require_gpu()
         library = build.build_step(source, f"mla_ab_{step.number:02d}_{step.name}_{label_of(rev)}", arch_flags, defines)
         before, after = steps.Kernel(step, source, library), steps.load(step)
+        both_prepare = before.prepares_weights and after.prepares_weights
         for name, shape, dtype in parsed:
-            timings = {t.name: t for t in bench.compare({"before": before, "after": after}, shape, dtype, "graph")}
-            rows.append(Row(name, timings.pop("before"), timings.pop("after"), timings))
+            contenders = {"before": before, "after": after}
+            # Steps that keep a layout of their own (fp32 only) are timed as inference calls them too.
+            prepared = both_prepare and dtype == torch.float32
+            if prepared:
+                contenders |= {f"{side}{sweep.PREPARED_SUFFIX}": steps.Prepared(kernel, kernel.prepare)
+                               for side, kernel in contenders.items()}
+            timings = {t.name: t for t in bench.compare(contenders, shape, dtype, "graph")}
+            pairs = [(name, "before", "after")]
+            if prepared:
+                pairs.append((name + sweep.PREPARED_SUFFIX, "before" + sweep.PREPARED_SUFFIX, "after" + sweep.PREPARED_SUFFIX))
+            measured = [(point, timings.pop(old), timings.pop(new)) for point, old, new in pairs]
+            rows += [Row(point, old, new, timings) for point, old, new in measured]
     return rows
 
 

@@ -84,3 +84,47 @@ def test_a_step_against_itself_is_checked_then_timed_beside_the_peers():
     for r in rows:
         assert {"eager", "cuBLAS concat"} <= set(r.peers)
         assert 0.5 < r.after.median_us / r.before.median_us < 2.0
+
+
+@pytest.mark.gpu
+def test_a_step_that_prepares_its_weights_is_also_timed_given_them():
+    rows = ab.run(10, "HEAD", ["v2_lite@1 fp32"])
+    assert [r.point for r in rows] == ["v2_lite@1 fp32", "v2_lite@1 fp32 prepared"]
+    assert rows[0].peers is rows[1].peers and "cuBLAS concat" in rows[0].peers
+    assert rows[1].after.median_us < rows[0].after.median_us  # the transposes left the call
+
+
+def test_prepared_rows_follow_their_pair_where_both_forms_prepare_weights(monkeypatch):
+    """Without a GPU: the kernels and the timing stood in for, what `run` asks of them and the rows
+    it makes. fp32 points of a step whose both forms prepare get a second row, timed in the same
+    round with the same peers; bf16 points, and forms that do not prepare, do not."""
+
+    class Form:
+        def __init__(self, prepares: bool) -> None:
+            self.prepares_weights, self.step = prepares, steps.get(10)
+
+        def prepare(self, *weights):
+            raise AssertionError("bench.compare prepares, not run")
+
+    forms = {"before": Form(True), "after": Form(True)}
+    asked = []
+
+    def compare(contenders, shape, dtype, mode):
+        asked.append(sorted(contenders))
+        names = [*contenders, "eager", "cuBLAS concat"]
+        return [bench.Timing(name, mode, 10.0 + i, 9.9 + i, 10.1 + i, 100, 0) for i, name in enumerate(names)]
+
+    monkeypatch.setattr(build, "require_gpu", lambda: None)
+    monkeypatch.setattr(build, "build_step", lambda *args, **kwargs: None)
+    monkeypatch.setattr(steps, "Kernel", lambda step, source, library: forms["before"])
+    monkeypatch.setattr(steps, "load", lambda step: forms["after"])
+    monkeypatch.setattr(bench, "compare", compare)
+
+    rows = ab.run(10, "HEAD", ["v2_lite@1 fp32", "v2_lite@1 bf16"])
+    assert [r.point for r in rows] == ["v2_lite@1 fp32", "v2_lite@1 fp32 prepared", "v2_lite@1 bf16"]
+    assert asked[0] == ["after", "after prepared", "before", "before prepared"] and asked[1] == ["after", "before"]
+    assert (rows[1].before.median_us, rows[1].after.median_us) == (12.0, 13.0)
+    assert rows[0].peers is rows[1].peers and set(rows[0].peers) == {"eager", "cuBLAS concat"}
+
+    forms["before"] = Form(False)  # an older form from before `prepare`
+    assert [r.point for r in ab.run(10, "HEAD", ["v2_lite@1 fp32"])] == ["v2_lite@1 fp32"]
