@@ -175,7 +175,7 @@ def compiler() -> Compiler:
         return Compiler(str(usual), f"system ({usual})", version, None)
     if cuda is None:
         return Compiler(None, "", None, "no nvcc: a CPU build of torch has no CUDA version to match; install "
-                                        "torch's CUDA build (README, Setup), then run `" + install_command() + "`")
+                                        "torch's CUDA build (README, What you need), then run `" + install_command() + "`")
     return Compiler(None, "", None, f"no CUDA compiler: {fix}")
 
 
@@ -183,7 +183,7 @@ def install() -> int:
     """pip-install the compiler wheels that match torch, then lay out their toolkit folder."""
     cuda = torch_cuda()
     if cuda is None:
-        print("torch is a CPU build: install its CUDA build first (README, Setup); it names the CUDA version "
+        print("torch is a CPU build: install its CUDA build first (README, What you need); it names the CUDA version "
               "whose compiler this installs", file=sys.stderr)
         return 2
     result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", requirement()])
