@@ -66,3 +66,12 @@ def test_the_setup_notebook_and_the_readme_list_every_notebook():
         if path.stem != "00_setup":
             assert f"| {path.stem} |" in prose, f"notebook 00's course table does not list {path.stem}"
         assert f"| `{path.stem}` |" in readme, f"the README's course table does not list {path.stem}"
+
+
+@pytest.mark.parametrize("path", [REPO / "README.md", *sorted((REPO / "kernels").glob("*.md"))],
+                         ids=lambda p: p.name)
+def test_the_front_door_and_each_notes_page_stay_within_a_hundred_lines(path):
+    """A reader takes in a page of this length at once; what does not fit belongs in git's history
+    (a notes page names the commit) or in the notebook that teaches it."""
+    lines = path.read_text().count("\n")
+    assert lines <= 100, f"{path.relative_to(REPO)} has {lines} lines: say it shorter, or move detail out"
