@@ -169,6 +169,27 @@ def test_steps_9_and_10_keep_every_wgmma(number, per_stage, gemm_kernels, hopper
     assert wgmma_instructions(hopper_objects[number]) == per_stage * gemm_kernels
 
 
+GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|LDGSTS|RED|ATOMG|UTMALDG|UTMASTG|UBLKCP)\b")
+
+
+@pytest.mark.parametrize("number", [9, 10])
+def test_steps_9_and_10_wait_for_the_kernel_before_them_before_touching_memory(number, hopper_objects):
+    """Their kernels are launched as programmatic dependents: each may run while the one before it
+    finishes, so each must wait (griddepcontrol.wait: ACQBULK in SASS) before its first global load
+    or store, and let the next one start (launch_dependents: PREEXIT). A kernel that reads before
+    its wait races with the kernel that writes what it reads, and a GPU test may not catch it."""
+    sass = subprocess.run([cuobjdump(), "-sass", str(hopper_objects[number])], capture_output=True, text=True,
+                          check=True).stdout
+    functions = re.split(r"\n\s*Function : ", sass)[1:]
+    assert len(functions) >= 4, "expected the transpose, split or sum, and GEMM kernels"
+    for function in functions:
+        name, body = function.split("\n", 1)
+        wait = body.find("ACQBULK")
+        first_access = GLOBAL_ACCESS.search(body)
+        assert wait >= 0 and "PREEXIT" in body, f"{name} does not take part in the programmatic launch chain"
+        assert first_access is None or first_access.start() > wait, f"{name} touches global memory before it waits"
+
+
 def test_the_ctypes_problem_is_the_headers_struct(tmp_path):
     """mla_lab/abi.py's MlaProblem, which asks a step's library questions, has the C struct's layout."""
     import ctypes
