@@ -28,7 +28,7 @@ def toolkit(args: argparse.Namespace) -> int:
 
 
 def check_steps(args: argparse.Namespace) -> int:
-    from . import build, check, steps
+    from . import build, check, steps, sweep
 
     build.require_gpu()
     failures = 0
@@ -37,10 +37,7 @@ def check_steps(args: argparse.Namespace) -> int:
         kernel = steps.load(key, args.variant)
         # A step with a layout of its own is checked twice: preparing on every call, and given the
         # weights prepared by `prepare` (here prepared afresh for each set of fresh weights).
-        ways = {kernel.step.label: kernel}
-        if kernel.prepares_weights:
-            ways[f"{kernel.step.label} prepared"] = steps.Prepared(kernel, kernel.prepare)
-        for label, call in ways.items():
+        for label, call in sweep.ways_to_call(kernel.step.label, kernel).items():
             verdicts = check.check_matrix(call, "cuda", shapes, trials=trials)
             bad = [v for v in verdicts if not v.ok]
             failures += len(bad)

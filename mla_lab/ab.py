@@ -149,18 +149,14 @@ def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
         before, after = steps.Kernel(step, source, library), steps.load(step)
         both_prepare = before.prepares_weights and after.prepares_weights
         for name, shape, dtype in parsed:
-            contenders = {"before": before, "after": after}
             # Steps that keep a layout of their own (fp32 only) are timed as inference calls them too.
             prepared = both_prepare and dtype == torch.float32
-            if prepared:
-                contenders |= {f"{side}{sweep.PREPARED_SUFFIX}": steps.Prepared(kernel, kernel.prepare)
-                               for side, kernel in contenders.items()}
+            suffixes = ("", sweep.PREPARED_SUFFIX) if prepared else ("",)
+            ways = {**sweep.ways_to_call("before", before, prepared), **sweep.ways_to_call("after", after, prepared)}
+            contenders = {side + s: ways[side + s] for s in suffixes for side in ("before", "after")}
             timings = {t.name: t for t in bench.compare(contenders, shape, dtype, "graph")}
-            pairs = [(name, "before", "after")]
-            if prepared:
-                pairs.append((name + sweep.PREPARED_SUFFIX, "before" + sweep.PREPARED_SUFFIX, "after" + sweep.PREPARED_SUFFIX))
-            measured = [(point, timings.pop(old), timings.pop(new)) for point, old, new in pairs]
-            rows += [Row(point, old, new, timings) for point, old, new in measured]
+            # Each pair popped in turn; what stays in timings, and in every row, is the peers.
+            rows += [Row(name + s, timings.pop("before" + s), timings.pop("after" + s), timings) for s in suffixes]
     return rows
 
 

@@ -41,6 +41,16 @@ PEERS = bench.PEERS
 PREPARED_SUFFIX = " prepared"  # a contender given its weights prepared once, outside the timing
 
 
+def ways_to_call(label: str, kernel: steps.Kernel, prepared: bool = True) -> dict[str, object]:
+    """The kernel as a contender under `label`, and, for a step with a layout of its own (unless
+    `prepared` is False), a second one under `label` + PREPARED_SUFFIX, given its weights prepared
+    once: as an inference engine calls it."""
+    ways: dict[str, object] = {label: kernel}
+    if prepared and kernel.prepares_weights:
+        ways[label + PREPARED_SUFFIX] = steps.Prepared(kernel, kernel.prepare)
+    return ways
+
+
 def point(name: str) -> tuple[str, Shape, str, torch.dtype]:
     """A sweep point named like "v2_lite@4096 bf16": its shape's name, the shape, the dtype's name, the dtype."""
     shape_name, dtype_name = name.split()
@@ -217,9 +227,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
         kernel = kernels[step.label]
         why = why_not_timed(step, kernel, shape, dtype_name, probe)
         if why is None:
-            contenders[step.label] = kernel
-            if kernel.prepares_weights:
-                contenders[f"{step.label}{PREPARED_SUFFIX}"] = steps.Prepared(kernel, kernel.prepare)
+            contenders |= ways_to_call(step.label, kernel)
         else:
             skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
     chosen = dispatch.choose(*probe)
