@@ -24,6 +24,7 @@
 #include <cooperative_groups.h>
 
 #include "mla_common.cuh"
+#include "mla_hopper.cuh"
 
 namespace {
 
@@ -66,9 +67,6 @@ template <typename T>
 constexpr int shared_bytes(int rows, int part_depth, int slot_depth, int stages) {
   return weight_bytes<T>(part_depth) + stages * slot_bytes<T>(rows, slot_depth) + 2 * rows * kPartialPitch * 4;
 }
-
-__device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void wait_for_primary() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 __device__ __forceinline__ void zero_16(void* to) { *static_cast<uint4*>(to) = make_uint4(0, 0, 0, 0); }
 
@@ -138,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) stream_tokens(const Pass<T> p) {
   const int depth0 = rank * p.part_depth;
   const int depth_end = min(p.depth, depth0 + p.part_depth);  // this block's rows of W end here
   const int column_group = threadIdx.x / 32 % 4, half = threadIdx.x / 128;  // this warp's 8 columns and depth half
-  allow_dependents();
+  mla::launch_dependents();
 
   // The weight tile, once: rows past the matrix and columns past its width are zeros.
   {
@@ -158,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) stream_tokens(const Pass<T> p) {
   mla::commit_copies();
 
   // GEMM 2's rows are GEMM 1's output: read them only once GEMM 1 has finished and flushed.
-  if (p.after_primary) wait_for_primary();
+  if (p.after_primary) mla::wait_for_previous_kernel();
 
   // Ring slot s holds depth chunk s % chunks of token tile s / chunks. Rows past the last token
   // are left as they are: row m of A reaches only row m of C, which is not stored. Depth past the

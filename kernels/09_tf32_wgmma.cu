@@ -23,7 +23,8 @@
 namespace {
 
 using mla::barrier_arrive, mla::barrier_expect_bytes, mla::barrier_init, mla::barrier_wait, mla::fence_registers,
-    mla::tma_load, mla::wgmma_commit, mla::wgmma_fence, mla::wgmma_wait;
+    mla::launch_dependents, mla::tma_load, mla::wait_for_previous_kernel, mla::wgmma_commit, mla::wgmma_fence,
+    mla::wgmma_wait;
 
 constexpr int kChunk = 32;     // K per stage: one 128-byte swizzled row of fp32
 constexpr int kRowBytes = 128;
@@ -117,13 +118,10 @@ __device__ __forceinline__ void store_pair(float* c, float* c_lo, int64_t at, fl
   }
 }
 
-// Programmatic dependent launch: a kernel launched so (`launch` with after_kernel) may start
-// while the one before it finishes. Every kernel lets its dependent start at once, and waits, in
-// all its threads, for the kernel before it to finish before it reads or writes global memory: a
-// block may have no chunks and store at once, and the buffers it writes are read by the kernel
-// before.
-__device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void wait_for_kernel_before() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch (`launch` with after_kernel): every kernel lets its dependent
+// start at once, and waits, in all its threads, for the kernel before it to finish before it reads
+// or writes global memory: a block may have no chunks and store at once, and the buffers it writes
+// are read by the kernel before.
 
 // Block order. About 132 blocks run at a time, in the order of blockIdx.x. Row tile by row tile,
 // each wave of GEMM 2 would read all of B: at V3 [w_up_k | w_up_v]^T is 64 MB in fp32, more than
@@ -169,8 +167,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  let_next_kernel_start();
-  wait_for_kernel_before();
+  launch_dependents();
+  wait_for_previous_kernel();
 
   if (threadIdx.x < 128) {  // the producer: one thread issues every copy
     if (threadIdx.x == 0) {
@@ -279,8 +277,8 @@ constexpr int kSide = 32;  // a block moves a 32 x 32 square through shared memo
 
 __global__ void __launch_bounds__(kSide * 8) transpose_kernel(const __grid_constant__ Transposes transposes) {
   __shared__ float square[kSide][kSide + 1];  // + 1: a column's 32 values on 32 banks
-  let_next_kernel_start();
-  wait_for_kernel_before();
+  launch_dependents();
+  wait_for_previous_kernel();
   const int job = blockIdx.x >= transposes.job[2].first_square ? 2 : blockIdx.x >= transposes.job[1].first_square;
   const Transpose& t = transposes.job[job];
   const int64_t mine = blockIdx.x - t.first_square, across = mla::ceil_div(t.columns, kSide);
@@ -304,8 +302,8 @@ __global__ void __launch_bounds__(kSide * 8) transpose_kernel(const __grid_const
 // thread (tokens * d_model is a multiple of 4, hidden 16-byte aligned).
 __global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ hi, float* __restrict__ lo,
                              int64_t quads) {
-  let_next_kernel_start();
-  wait_for_kernel_before();
+  launch_dependents();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = x[i];
     const float h[4] = {tf32(v.x), tf32(v.y), tf32(v.z), tf32(v.w)};
@@ -322,8 +320,8 @@ __global__ void split_kernel(const float4* __restrict__ x, float* __restrict__ h
 template <Store kStore>
 __global__ void sum_splits_kernel(const float2* __restrict__ partials, int splits, int64_t pairs, float* c,
                                   float* c_lo) {
-  let_next_kernel_start();
-  wait_for_kernel_before();
+  launch_dependents();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
     float2 sum = partials[i];
     for (int split = 1; split < splits; ++split) {

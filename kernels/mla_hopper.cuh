@@ -1,6 +1,7 @@
-// Helpers shared by the Hopper (sm_90) steps and experiments: mbarriers, TMA tensor copies and
-// their tensor maps, wgmma's operand descriptors and fences. Only code built for sm_90 (and sm_90a,
-// for wgmma) includes it; kernels/mla_common.cuh holds what every step shares.
+// Helpers shared by the Hopper (sm_90) steps and experiments: mbarriers, programmatic dependent
+// launch, TMA tensor copies and their tensor maps, wgmma's operand descriptors and fences. Only
+// code built for sm_90 (and sm_90a, for wgmma) includes it; kernels/mla_common.cuh holds what
+// every step shares.
 #pragma once
 
 #include <cuda.h>
@@ -40,6 +41,15 @@ __device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
   }
 #undef MLA_TRY_WAIT
 }
+
+// ---- programmatic dependent launch ------------------------------------------------------------
+// A kernel launched as a programmatic dependent of the one before it in its stream (the launch
+// attribute cudaLaunchAttributeProgrammaticStreamSerialization) may start while that one still
+// runs. launch_dependents lets the next kernel start; wait_for_previous_kernel returns once the
+// kernel before has finished and its writes are visible. In a kernel launched plainly both do
+// nothing, so one kernel serves both launches.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // ---- TMA ---------------------------------------------------------------------------------------
 // One thread copies the box of `map` at (x, y) into shared memory at dst; it completes on the

@@ -59,7 +59,7 @@ def toolchain_problem() -> str | None:
     if torch.version.cuda is None:
         return (
             f"this torch ({torch.__version__}) is a CPU build and cannot build CUDA kernels; "
-            "install a CUDA build of torch (see README, Setup)"
+            "install a CUDA build of torch (see README, What you need)"
         )
     if toolkit.compiler().problem:
         return toolkit.compiler().problem

@@ -37,6 +37,12 @@ std::string shape_of(c10::IntArrayRef sizes) {
 
 std::string shape_of(const at::Tensor& t) { return shape_of(t.sizes()); }
 
+void check_contiguous(const std::string& step, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.is_contiguous(), step, ": ", name,
+              " is not contiguous (a transpose or a strided slice?); pass ", name,
+              ".contiguous()");
+}
+
 // Device, dtype and layout of a tensor that travels with `first` (hidden, or w_down for prepare).
 void check_like(const std::string& step, const char* name, const at::Tensor& t, const at::Tensor& first,
                 const char* first_name) {
@@ -45,16 +51,18 @@ void check_like(const std::string& step, const char* name, const at::Tensor& t, 
   TORCH_CHECK(t.scalar_type() == first.scalar_type(), step, ": ", name, " is ",
               t.scalar_type(), " but ", first_name, " is ", first.scalar_type(),
               "; convert all inputs to one dtype");
-  TORCH_CHECK(t.is_contiguous(), step, ": ", name,
-              " is not contiguous (a transpose or a strided slice?); pass ", name,
-              ".contiguous()");
+  check_contiguous(step, name, t);
+}
+
+void check_matrix(const std::string& step, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 2, step, ": ", name, " must be a matrix, got shape ",
+              shape_of(t));
 }
 
 void check_weight(const std::string& step, const char* name, const at::Tensor& t, const at::Tensor& first,
                   const char* first_name) {
   check_like(step, name, t, first, first_name);
-  TORCH_CHECK(t.dim() == 2, step, ": ", name, " must be a matrix, got shape ",
-              shape_of(t));
+  check_matrix(step, name, t);
 }
 
 void check_on_gpu(const std::string& step, const char* name, const at::Tensor& t) {
@@ -104,8 +112,7 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, int64_t 
   const auto dtype = hidden.scalar_type();
   TORCH_CHECK(hidden.dim() == 3, step, ": hidden must be (batch, seq, d_model), got shape ",
               shape_of(hidden));
-  TORCH_CHECK(hidden.is_contiguous(), step,
-              ": hidden is not contiguous; pass hidden.contiguous()");
+  check_contiguous(step, "hidden", hidden);
   check_weight(step, "w_down", w_down, hidden, "hidden");
   check_weight(step, "w_up_k", w_up_k, hidden, "hidden");
   check_weight(step, "w_up_v", w_up_v, hidden, "hidden");
@@ -138,8 +145,10 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, int64_t 
                      heads, head_dim, dtype == at::kFloat ? MLA_FLOAT32 : MLA_BFLOAT16, nullptr, nullptr};
   const void* prepared_weights = nullptr;  // mla_lab.steps checked that they are these weights'
   if (prepared.has_value() && prepared->numel() > 0) {
-    TORCH_CHECK(prepared->device() == hidden.device() && prepared->is_contiguous(), step,
-                ": the prepared weights are not on hidden's GPU; prepare them there");
+    TORCH_CHECK(prepared->device() == hidden.device(), step, ": the prepared weights are on ",
+                prepared->device(), " but hidden is on ", hidden.device(), "; prepare them on hidden's GPU");
+    TORCH_CHECK(prepared->is_contiguous(), step,
+                ": the prepared weights are not contiguous; pass the tensor prepare returned, as it is");
     prepared_weights = prepared->data_ptr();
   }
   at::Tensor workspace;  // freed on return: the caching allocator keeps it for this stream's order
@@ -168,7 +177,8 @@ at::Tensor project(int64_t launcher_address, int64_t workspace_address, int64_t 
 at::Tensor prepare(int64_t bytes_address, int64_t prepare_address, std::string step, const at::Tensor& w_down,
                    const at::Tensor& w_up_k, const at::Tensor& w_up_v, int64_t heads) {
   check_on_gpu(step, "w_down", w_down);
-  check_weight(step, "w_down", w_down, w_down, "w_down");  // against itself: its layout and rank only
+  check_contiguous(step, "w_down", w_down);
+  check_matrix(step, "w_down", w_down);
   check_weight(step, "w_up_k", w_up_k, w_down, "w_down");
   check_weight(step, "w_up_v", w_up_v, w_down, "w_down");
   const int64_t d_model = w_down.size(0), rank = w_down.size(1), width = w_up_k.size(1);
