@@ -111,11 +111,14 @@ SHAPE_MATRIX: tuple[Shape, ...] = (
     # step 11: d_model split over a cluster of 3 with a short last part, 64-token tiles with a
     # tail, and the k|v boundary inside a 32-column tile
     STEP11_SPLIT := Shape(1, 70, 1000, 72, 3, 40),
+    # step 12: 7 tokens in the 8-token kernel, d_model split over a cluster of 8 with a short last
+    # part, and the k|v boundary inside a 32-column block
+    STEP12_SPLIT := Shape(1, 7, 2999, 72, 3, 40),
 )
 
 # Small shapes for slow checkers (compute-sanitizer): one token, odd sizes, rank 1, hd 1, D 1,
-# and those that take step 6's cluster, exchange and split paths.
-QUICK_SHAPES = (*SHAPE_MATRIX[1:7], STEP6_CLUSTER, STEP6_EXCHANGE, STEP6_SPLIT, STEP11_SPLIT)
+# and those that take step 6's cluster, exchange and split paths and steps 11 and 12's splits.
+QUICK_SHAPES = (*SHAPE_MATRIX[1:7], STEP6_CLUSTER, STEP6_EXCHANGE, STEP6_SPLIT, STEP11_SPLIT, STEP12_SPLIT)
 
 
 @dataclass

@@ -21,6 +21,8 @@ from . import build, steps
 # for a few tokens: in the H100 sweep it took 16.1 µs at V2-Lite 64 tokens against step 11's 19.9,
 # and 15.4 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
+# Up to this many tokens, step 12 (the weights streamed into FFMAs) beats step 11.
+WEIGHT_STREAM_TOKENS = {torch.bfloat16: 16, torch.float32: 16}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
 # In fp32, step 10 (k split over blocks for few tokens) overtakes step 11 between 16 and 64 tokens,
 # with its weights prepared or not: in an H100 run of commit 666e626, prepared, 27.0 against 18.9 µs
@@ -56,6 +58,8 @@ def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_u
         return 5 if hidden.dtype == torch.bfloat16 else 4
     if _kernel(8).takes_fast_path(hidden, w_down, w_up_k, w_up_v):
         return 8  # the toy's widths: every operand fits one block
+    if tokens <= WEIGHT_STREAM_TOKENS.get(hidden.dtype, 0) and _kernel(12).takes_fast_path(hidden, w_down, w_up_k, w_up_v):
+        return 12
     outputs = DECODE_OUTPUTS.get(hidden.dtype)
     if tokens <= DECODE_TOKENS.get(hidden.dtype, 0) and (outputs is None or tokens * 2 * w_up_k.shape[-1] <= outputs):
         return 11

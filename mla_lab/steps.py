@@ -197,6 +197,18 @@ STEPS = (
         fast_path="an sm_90 GPU, d_model, rank and heads*head_dim multiples of 8, 16-byte aligned tensors, "
                   "and weight tiles that fit one block's shared memory",
     ),
+    Step(
+        12,
+        "weight_stream",
+        "for one to sixteen tokens: every SM streams its share of the weights straight into FFMAs, "
+        "GEMM 1 split over a cluster, GEMM 2 launched as a programmatic dependent",
+        max_rank=640,
+        limit_reason="its fallback, step 4, takes rank <= 640",
+        arch_flags=SM90_ARCH_FLAGS,
+        fallback=4,
+        fast_path="an sm_90 GPU, 1 to 16 tokens, rank and heads*head_dim multiples of 8, 16-byte aligned weights, "
+                  "and a token slice that fits one block's shared memory",
+    ),
 )
 
 

@@ -68,7 +68,7 @@ def test_a_timing_is_faster_or_slower_only_outside_the_other_ones_spread():
     (["6", "--against", "no-such-commit"], "'no-such-commit' is not a commit of this repository (git log --oneline "
                                            "lists them); where the checkout has no history, give the older source as a file"),
     (["6", "--against", "HEAD", "--points", "v2_lite@7 bf16"], "'v2_lite@7 bf16' is not a sweep point"),
-    (["12", "--against", "HEAD"], "no step 12"),
+    (["99", "--against", "HEAD"], "no step 99"),
 ])
 def test_a_wrong_argument_is_one_line_before_any_gpu_is_needed(arguments, said):
     result = subprocess.run([sys.executable, "-m", "mla_lab", "ab", *arguments], cwd=steps.REPO,

@@ -162,6 +162,21 @@ def _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) -> int
     return taken
 
 
+def test_step12_runs_its_own_kernel_exactly_where_it_takes_the_inputs():
+    """kernels/12_weight_stream.cu's mla_takes (up to 16 tokens, its sizes, its shared memory) is the
+    one rule: where it says yes, step 12's own launcher runs and is correct; where it says no, that
+    launcher refuses (called straight, without the fallback to step 4). Every token count it
+    compiles for, on both sides of its limit, at real widths and at odd ones."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("step 12's own kernel needs an sm_90 GPU; elsewhere it runs step 4")
+    step = steps.load(12)
+    own = steps.Kernel(steps.get(4), step.source, step.library)
+    shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in (1, 2, 3, 5, 9, 16, 17)),
+              Shape(1, 16, 7168, 512, 16, 128), Shape(2, 3, 40, 8, 1, 8), Shape(1, 12, 4000, 136, 5, 24),
+              Shape(1, 9, 200, 64, 2, 32)]
+    assert _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) >= 16
+
+
 @pytest.mark.parametrize("number, plain", [(9, 5), (10, 4)])
 def test_steps_9_and_10_run_their_own_kernel_exactly_where_they_take_the_inputs(number, plain):
     """kernels/09_tf32_wgmma.cu's mla_takes is the one rule: where it says yes,
@@ -272,10 +287,10 @@ def test_a_sweep_point_times_every_contender_it_checked(dtype_name):
     results = sweep._measure_point("toy", TOY, dtype_name, dtype, chosen, kernels, peers, ["graph"], None,
                                    ceilings, 0.02, seed=1)
     # step 6 is for bf16, steps 9 and 10 for fp32: in the other dtype they run their fallbacks, and
-    # the sweep says so
+    # the sweep says so; so does step 12, for up to 16 tokens, at the toy's 384
     inputs = make_inputs(TOY, dtype, "cuda")
     expected = {name: "ok" if kernel.takes_fast_path(*inputs) else "skipped" for name, kernel in kernels.items()}
-    elsewhere = (9, 10) if dtype_name == "bf16" else (6,)
+    elsewhere = (9, 10, 12) if dtype_name == "bf16" else (6, 12)
     assert {name for name, status in expected.items() if status == "skipped"} <= {steps.get(n).label for n in elsewhere}
     prepared = [f"{name} prepared" for name, status in expected.items() if status == "ok" and kernels[name].prepares_weights]
     if dispatch.prepare(*inputs[1:], TOY.heads) is not None:
@@ -325,7 +340,7 @@ def test_weights_prepared_once_are_correct_leave_the_workspace_and_replay_in_gra
 @pytest.mark.parametrize("tokens, dtype", [(3, torch.float32), (300, torch.float32), (300, torch.bfloat16)])
 def test_the_dispatcher_given_prepared_weights_is_correct(tokens, dtype):
     """mla_lab.prepare, then mla_lab.project(..., prepared=) at V2-Lite's widths: decode tokens run
-    step 11 (which reads the weights as they are), more run step 10 on the prepared layout in fp32;
+    step 12 (which reads the weights as they are), more run step 10 on the prepared layout in fp32;
     in bf16 no step project runs has a layout of its own, so there is nothing to prepare."""
     shape = Shape(1, tokens, 2048, 512, 16, 128)
     inputs = make_inputs(shape, dtype, "cuda")
