@@ -10,6 +10,7 @@ chosen step must be the fastest course step there, or within `SLACK` of it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -21,8 +22,11 @@ from . import build, steps
 # for a few tokens: in the H100 sweep it took 16.1 µs at V2-Lite 64 tokens against step 11's 19.9,
 # and 15.4 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
-# Up to this many tokens, step 12 (the weights streamed into FFMAs) beats step 11.
-WEIGHT_STREAM_TOKENS = {torch.bfloat16: 16, torch.float32: 16}
+# Up to this many tokens, step 12 (the weights streamed into FFMAs) beats step 11. In the H100 sweep
+# of sources a97a779587dd, V2-Lite, µs: bf16 7.6 against 9.6 at 1 token but 14.0 against 10.7 at 5
+# and 19.3 against 11.3 at 16 (its kernels for 5 to 16 tokens hold 160 to 250 registers a thread);
+# fp32 10.0 against 17.3 at 1, 14.5 against 17.8 at 5, 17.8 against 18.9 at 16.
+WEIGHT_STREAM_TOKENS = {torch.bfloat16: 1, torch.float32: 16}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
 # In fp32, step 10 (k split over blocks for few tokens) overtakes step 11 between 16 and 64 tokens,
 # with its weights prepared or not: in an H100 run of commit 666e626, prepared, 27.0 against 18.9 µs
@@ -48,22 +52,31 @@ def widest_step(rank: int) -> int:
     return next(n for n in (4, 2, 1) if steps.get(n).max_rank is None or rank <= steps.get(n).max_rank)
 
 
+def rule(tokens: int, rank: int, width: int, dtype: torch.dtype, on_hopper: Callable[[], bool],
+         takes: Callable[[int], bool]) -> int:
+    """The step the rules pick, from the sizes (width: heads * head_dim), the dtype, whether the GPU
+    is a Hopper one, and `takes(n)`: whether step n's own kernel takes the inputs (asked of steps 8
+    and 12 only). `choose` asks the GPU and the kernels; tests/test_dispatch.py reads the answers
+    off a sweep."""
+    if rank > 512:
+        return widest_step(rank)
+    if not on_hopper():
+        return 5 if dtype == torch.bfloat16 else 4
+    if takes(8):
+        return 8  # the toy's widths: every operand fits one block
+    if tokens <= WEIGHT_STREAM_TOKENS.get(dtype, 0) and takes(12):
+        return 12
+    outputs = DECODE_OUTPUTS.get(dtype)
+    if tokens <= DECODE_TOKENS.get(dtype, 0) and (outputs is None or tokens * 2 * width <= outputs):
+        return 11
+    return 6 if dtype == torch.bfloat16 else 10
+
+
 def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor) -> int:
     """The step number `project` runs for these inputs (on their GPU)."""
     tokens = hidden.numel() // hidden.shape[-1] if hidden.dim() else 0
-    rank = w_down.shape[-1]
-    if rank > 512:
-        return widest_step(rank)
-    if not _on_hopper(hidden.device):
-        return 5 if hidden.dtype == torch.bfloat16 else 4
-    if _kernel(8).takes_fast_path(hidden, w_down, w_up_k, w_up_v):
-        return 8  # the toy's widths: every operand fits one block
-    if tokens <= WEIGHT_STREAM_TOKENS.get(hidden.dtype, 0) and _kernel(12).takes_fast_path(hidden, w_down, w_up_k, w_up_v):
-        return 12
-    outputs = DECODE_OUTPUTS.get(hidden.dtype)
-    if tokens <= DECODE_TOKENS.get(hidden.dtype, 0) and (outputs is None or tokens * 2 * w_up_k.shape[-1] <= outputs):
-        return 11
-    return 6 if hidden.dtype == torch.bfloat16 else 10
+    return rule(tokens, w_down.shape[-1], w_up_k.shape[-1], hidden.dtype, lambda: _on_hopper(hidden.device),
+                lambda number: _kernel(number).takes_fast_path(hidden, w_down, w_up_k, w_up_v))
 
 
 def has_layout_to_prepare(w_down: torch.Tensor) -> bool:
