@@ -118,7 +118,7 @@ __device__ __forceinline__ void store_pair(float* c, float* c_lo, int64_t at, fl
   }
 }
 
-// Programmatic dependent launch (`launch` with after_kernel): every kernel lets its dependent
+// Programmatic dependent launch (`mla::launch` with after_kernel): every kernel lets its dependent
 // start at once, and waits, in all its threads, for the kernel before it to finish before it reads
 // or writes global memory: a block may have no chunks and store at once, and the buffers it writes
 // are read by the kernel before.
@@ -339,25 +339,6 @@ bool make_map(CUtensorMap* map, const float* data, int64_t rows, int64_t columns
   return mla::make_swizzled_map(map, data, CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 4, rows, columns, box_rows);
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), and with `after_kernel` as a programmatic
-// dependent of the kernel launched before it on `stream`. The first kernel of a call is not: what
-// ran before it (another library's kernel, a copy) need not let it start early.
-template <class... Params, class... Args>
-cudaError_t launch(bool after_kernel, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                   cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute dependent;
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = after_kernel ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, Params(args)...);
-}
-
 // An operand in TF32 parts: `hi`, and with kParts == 2 `lo` (else unused).
 struct Parts {
   const float* hi;
@@ -396,12 +377,13 @@ cudaError_t gemm(Parts a, Parts b, float* c, float* c_lo, int64_t m, int64_t n, 
   cudaError_t err = mla::allow_shared_memory(kernel, T::kSharedBytes);
   if (err != cudaSuccess) return err;
   const dim3 blocks(unsigned(mla::ceil_div(m, T::kBlockM) * mla::ceil_div(n, T::kBlockN)), unsigned(splits));
-  err = launch(after_kernel, kernel, blocks, dim3(T::kThreads), T::kSharedBytes, stream, maps[0], maps[1], maps[2],
-               maps[3], splits > 1 ? partials : c, c_lo, m, n, k, n);
+  err = mla::launch(after_kernel, mla::kNoClusters, kernel, blocks, dim3(T::kThreads), T::kSharedBytes, stream,
+                    maps[0], maps[1], maps[2], maps[3], splits > 1 ? partials : c, c_lo, m, n, k, n);
   if (splits == 1 || err != cudaSuccess) return err;
   const int64_t pairs = m * n / 2, sum_blocks = mla::ceil_div(pairs, 256), most = 132 * 8;  // then grid-stride
-  return launch(true, sum_splits_kernel<kStore>, dim3(unsigned(sum_blocks < most ? sum_blocks : most)), dim3(256), 0,
-                stream, reinterpret_cast<const float2*>(partials), splits, pairs, c, c_lo);
+  return mla::launch(true, mla::kNoClusters, sum_splits_kernel<kStore>,
+                     dim3(unsigned(sum_blocks < most ? sum_blocks : most)), dim3(256), 0, stream,
+                     reinterpret_cast<const float2*>(partials), splits, pairs, c, c_lo);
 }
 
 // fp32 arrays one after the other, each 256-byte aligned and in parts[i] parts (hi, then lo).
@@ -468,7 +450,8 @@ cudaError_t prepare(const MlaProblem* p, void* to, cudaStream_t stream) {
     t.first_square = squares;
     squares += mla::ceil_div(t.rows, kSide) * mla::ceil_div(t.columns, kSide);
   }
-  return launch(false, transpose_kernel, dim3(unsigned(squares)), dim3(kSide, 8), 0, stream, transposes);
+  return mla::launch(false, mla::kNoClusters, transpose_kernel, dim3(unsigned(squares)), dim3(kSide, 8), 0, stream,
+                     transposes);
 }
 
 }  // namespace
@@ -507,8 +490,8 @@ extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
     hidden_parts = {hidden_hi, hidden_lo};
     const int64_t quads = p->tokens * p->d_model / 4;
     const int64_t blocks = mla::ceil_div(quads, 256), most = 132 * 16;  // then grid-stride
-    err = launch(after_kernel, split_kernel, dim3(unsigned(blocks < most ? blocks : most)), dim3(256), 0, stream,
-                 reinterpret_cast<const float4*>(hidden), hidden_hi, hidden_lo, quads);
+    err = mla::launch(after_kernel, mla::kNoClusters, split_kernel, dim3(unsigned(blocks < most ? blocks : most)),
+                      dim3(256), 0, stream, reinterpret_cast<const float4*>(hidden), hidden_hi, hidden_lo, quads);
     if (err != cudaSuccess) return err;
     after_kernel = true;
   }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
@@ -50,6 +51,37 @@ __device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
 // nothing, so one kernel serves both launches.
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+constexpr unsigned kNoClusters = 0;
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...): with `after_kernel`, as a programmatic
+// dependent of the kernel launched before it on `stream`; with cluster_y > 0, in clusters of that
+// many blocks along y. The first kernel of a call is not a dependent: what ran before it (another
+// library's kernel, a copy) need not let it start early.
+template <class... Params, class... Args>
+cudaError_t launch(bool after_kernel, unsigned cluster_y, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   size_t shared_bytes, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attributes[2];
+  unsigned count = 0;
+  if (after_kernel) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_y != kNoClusters) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = 1;
+    attributes[count].val.clusterDim.y = cluster_y;
+    attributes[count++].val.clusterDim.z = 1;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = count;
+  return cudaLaunchKernelEx(&config, kernel, Params(args)...);
+}
 
 // ---- TMA ---------------------------------------------------------------------------------------
 // One thread copies the box of `map` at (x, y) into shared memory at dst; it completes on the

@@ -300,21 +300,9 @@ cudaError_t launch_pass(Pass<T> pass, int splits, cudaStream_t stream) {
   const auto kernel = plan.row_tiles == 4 ? stream_tokens<T, 4> : stream_tokens<T, 1>;
   cudaError_t err = mla::allow_shared_memory(kernel, size_t(plan.bytes));
   if (err != cudaSuccess) return err;
-  cudaLaunchAttribute attributes[2];
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = 1;
-  attributes[0].val.clusterDim.y = unsigned(splits);
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = pass.after_primary ? 1 : 0;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(mla::ceil_div(pass.columns, kColumns)), unsigned(splits), 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = size_t(plan.bytes);
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, kernel, pass);
+  return mla::launch(pass.after_primary, unsigned(splits), kernel,
+                     dim3(unsigned(mla::ceil_div(pass.columns, kColumns)), unsigned(splits), 1), dim3(kThreads),
+                     size_t(plan.bytes), stream, pass);
 }
 
 template <typename T>
