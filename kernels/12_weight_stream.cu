@@ -41,6 +41,7 @@ constexpr int kDepthGroups = kThreads / kColumnGroups;  // threads that split a 
 constexpr int kMaxSplits = 8;                      // the portable cluster size
 constexpr int kMaxTokens = 16;
 constexpr int kSharedBudget = 227 * 1024;          // an sm_90 block's opt-in shared memory
+static_assert(kColumnGroups == 4, "the shuffles' lane bits 4, 8 and 16 are a warp's depth groups");
 
 // Eight consecutive weights of one row, as loaded: one 16-byte load in bf16, two in fp32. Read once
 // per call, so they bypass L1.
@@ -81,7 +82,8 @@ struct EightWeights<float> {
   }
 };
 
-// Rows of weights each thread has in flight: 128 bytes of loads, in bf16 and fp32 alike.
+// Rows of weights in one batch of a thread's loads: 128 bytes, in bf16 and fp32 alike; two batches
+// are in flight at a time.
 template <typename T>
 constexpr int kBatch = 128 / int(sizeof(EightWeights<T>));
 template <typename T>
