@@ -21,8 +21,10 @@ from . import build, steps
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The Python and C++ that build, call, check and time the kernels (not the reports made afterwards).
-MEASURING_CODE = ("abi.py", "bench.py", "build.py", "check.py", "dispatch.py", "layout.py", "problem.py",
-                  "steps.py", "csrc/binding.cpp")
+MEASURING_CODE = ("abi.py", "bench.py", "build.py", "check.py", "layout.py", "problem.py", "steps.py",
+                  "csrc/binding.cpp")
+# The rules that pick the step mla_lab.project runs: only project's rows depend on them.
+DISPATCHER_CODE = "dispatch.py"
 
 _C_TOKENS = re.compile(r'"(?:\\.|[^"\\])*"' r"|'(?:\\.|[^'\\])*'" r"|//[^\n]*|/\*.*?\*/|\S+", re.S)
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -94,9 +96,14 @@ def measuring_code() -> str:
     return _digest(parts)
 
 
+def dispatcher_code() -> str:
+    return _digest([python_code((PACKAGE_DIR / DISPATCHER_CODE).read_text())])
+
+
 def current() -> dict:
-    """{"measuring": digest, "steps": {"1": digest, ...}} for this checkout."""
-    return {"measuring": measuring_code(), "steps": {str(s.number): step_code(s) for s in steps.STEPS}}
+    """{"measuring": digest, "dispatcher": digest, "steps": {"1": digest, ...}} for this checkout."""
+    return {"measuring": measuring_code(), "dispatcher": dispatcher_code(),
+            "steps": {str(s.number): step_code(s) for s in steps.STEPS}}
 
 
 def short(fingerprint: dict) -> str:
@@ -111,3 +118,9 @@ def stale_steps(recorded: dict | None) -> list[int] | None:
     if not recorded or recorded.get("measuring") != here["measuring"]:
         return None
     return [int(n) for n, digest in here["steps"].items() if recorded.get("steps", {}).get(n) != digest]
+
+
+def dispatcher_stale(recorded: dict | None) -> bool:
+    """Whether mla_lab.project's rules changed since `recorded` was measured (a sweep from before
+    they had a digest of their own counts as changed)."""
+    return not recorded or recorded.get("dispatcher") != dispatcher_code()

@@ -386,12 +386,18 @@ def dispatcher_lines(sweep: Sweep, mode: str = "graph") -> list[str]:
 
 def stale_note(sweep: Sweep) -> list[str]:
     """A line naming what changed since the sweep, with a blank line after it; none when nothing did."""
-    changed = fingerprint.stale_steps(sweep.meta.get("fingerprint"))
-    if changed == []:
-        return []
-    what = ("The measuring code changed since this sweep: every number waits for" if changed is None else
-            f"Step{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))} changed since this sweep: "
-            f"{'their rows wait' if len(changed) > 1 else 'its rows wait'} for")
+    recorded = sweep.meta.get("fingerprint")
+    changed = fingerprint.stale_steps(recorded)
+    if changed is None:
+        what = "The measuring code changed since this sweep: every number waits for"
+    else:
+        parts = [f"Step{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))}"] if changed else []
+        if fingerprint.dispatcher_stale(recorded):
+            parts.append(f"{dispatch.NAME}'s rules")
+        if not parts:
+            return []
+        several = len(changed) > 1 or len(parts) > 1
+        what = f"{' and '.join(parts)} changed since this sweep: {'their' if several else 'its'} rows wait for"
     return [f"**Stale.** {what} `make gpu-check` on a GPU.", ""]
 
 

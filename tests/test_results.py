@@ -35,7 +35,8 @@ def test_the_newest_sweep_records_what_its_numbers_depend_on():
     if recorded is None:  # a sweep from before results recorded it: the table calls every number stale
         assert "every number waits" in sweep.results_table(NEWEST, with_staleness=True)
         return
-    assert set(recorded) == {"measuring", "steps"}
+    assert set(recorded) in ({"measuring", "steps"}, {"measuring", "dispatcher", "steps"})  # before, and since,
+    # the dispatcher's rules had a digest of their own
     assert set(recorded["steps"]) == {str(s.number) for s in steps.STEPS}
     assert NEWEST.meta["sources"] == fingerprint.short(recorded)
 
@@ -97,10 +98,16 @@ def test_the_table_names_the_steps_a_change_made_stale():
     here = fingerprint.current()
     record = sweep.Sweep({**NEWEST.meta, "fingerprint": here}, NEWEST.results)
     assert "Stale" not in sweep.results_table(record, with_staleness=True)
-    changed = {"measuring": here["measuring"], "steps": {**here["steps"], "6": "0" * 12, "9": "1" * 12}}
+    changed = {**here, "steps": {**here["steps"], "6": "0" * 12, "9": "1" * 12}}
     stale = sweep.Sweep({**NEWEST.meta, "fingerprint": changed}, [])
-    assert "**Stale.** Steps 6, 9 changed since this sweep" in sweep.results_table(stale, with_staleness=True)
+    assert "**Stale.** Steps 6, 9 changed since this sweep: their rows wait" in sweep.results_table(
+        stale, with_staleness=True)
     assert "Stale" not in sweep.results_table(stale)  # what the notebooks print
+    rules = sweep.Sweep({**NEWEST.meta, "fingerprint": {**here, "dispatcher": "3" * 12}}, [])
+    assert "**Stale.** mla_lab.project's rules changed since this sweep: its rows wait" in sweep.results_table(
+        rules, with_staleness=True)
+    both = sweep.Sweep({**NEWEST.meta, "fingerprint": {**changed, "dispatcher": "3" * 12}}, [])
+    assert "**Stale.** Steps 6, 9 and mla_lab.project's rules changed" in sweep.results_table(both, with_staleness=True)
     harness = {**here, "measuring": "2" * 12}
     assert "every number waits" in sweep.results_table(sweep.Sweep({**NEWEST.meta, "fingerprint": harness}, []),
                                                         with_staleness=True)
