@@ -118,11 +118,6 @@ __device__ __forceinline__ void store_pair(float* c, float* c_lo, int64_t at, fl
   }
 }
 
-// Programmatic dependent launch (`mla::launch` with after_kernel): every kernel lets its dependent
-// start at once, and waits, in all its threads, for the kernel before it to finish before it reads
-// or writes global memory: a block may have no chunks and store at once, and the buffers it writes
-// are read by the kernel before.
-
 // Block order. About 132 blocks run at a time, in the order of blockIdx.x. Row tile by row tile,
 // each wave of GEMM 2 would read all of B: at V3 [w_up_k | w_up_v]^T is 64 MB in fp32, more than
 // the 50 MB L2, so it came from DRAM again for every 128 tokens. Blocks go instead in groups of
@@ -167,6 +162,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // As in every kernel of the chain: let the next one start, and wait, in all threads, for the one
+  // before to finish before any global access (a block may have no chunks and store at once, and
+  // what it writes the kernel before may still read).
   launch_dependents();
   wait_for_previous_kernel();
 

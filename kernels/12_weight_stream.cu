@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include <cooperative_groups.h>
 
@@ -234,19 +235,20 @@ int splits_of(int64_t columns, int64_t depth) {
 }
 int part_depth_of(int64_t depth, int splits) { return int(mla::ceil_div(depth, splits)); }
 
-int tokens_compiled_for(int64_t tokens) {
-  return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : tokens <= 8 ? 8 : 16;
+// use(std::integral_constant<int, n>()) for the token count n the kernels are compiled for: the
+// fewest of 1, 2, 4, 8 and 16 that holds `tokens` (a thread keeps n x 8 sums in registers).
+template <class Use>
+auto with_compiled_tokens(int64_t tokens, Use use) {
+  if (tokens <= 1) return use(std::integral_constant<int, 1>());
+  if (tokens <= 2) return use(std::integral_constant<int, 2>());
+  if (tokens <= 4) return use(std::integral_constant<int, 4>());
+  if (tokens <= 8) return use(std::integral_constant<int, 8>());
+  return use(std::integral_constant<int, kMaxTokens>());
 }
 
 template <typename T>
 int pass_shared_bytes(int64_t tokens, int part_depth) {
-  switch (tokens_compiled_for(tokens)) {
-    case 1: return shared_bytes<T, 1>(part_depth);
-    case 2: return shared_bytes<T, 2>(part_depth);
-    case 4: return shared_bytes<T, 4>(part_depth);
-    case 8: return shared_bytes<T, 8>(part_depth);
-    default: return shared_bytes<T, 16>(part_depth);
-  }
+  return with_compiled_tokens(tokens, [&](auto n) { return shared_bytes<T, decltype(n)::value>(part_depth); });
 }
 
 template <typename T>
@@ -258,13 +260,12 @@ bool fits(const MlaProblem& p) {
          pass_shared_bytes<T>(p.tokens, up_part) <= kSharedBudget;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 bool takes_fast_path(const MlaProblem* p) {
   const bool sizes = p->tokens <= kMaxTokens && p->rank % 8 == 0 && (p->heads * p->head_dim) % 8 == 0 &&
                      p->d_model < (int64_t(1) << 30) && p->rank < (int64_t(1) << 30) &&
                      2 * p->heads * p->head_dim < (int64_t(1) << 30);
-  const bool aligned = aligned16(p->w_down) && aligned16(p->w_up_k) && aligned16(p->w_up_v);
+  const bool aligned = mla::aligned16(p->w_down) && mla::aligned16(p->w_up_k) &&
+                       mla::aligned16(p->w_up_v);
   const bool room = sizes && (p->dtype == MLA_FLOAT32 ? fits<float>(*p) : fits<__nv_bfloat16>(*p));
   return mla::on_hopper() && sizes && aligned && room;
 }
@@ -295,13 +296,7 @@ cudaError_t launch_for(const MlaProblem& p, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
-  switch (tokens_compiled_for(p.tokens)) {
-    case 1: return launch_for<T, 1>(p, stream);
-    case 2: return launch_for<T, 2>(p, stream);
-    case 4: return launch_for<T, 4>(p, stream);
-    case 8: return launch_for<T, 8>(p, stream);
-    default: return launch_for<T, 16>(p, stream);
-  }
+  return with_compiled_tokens(p.tokens, [&](auto n) { return launch_for<T, decltype(n)::value>(p, stream); });
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ __device__ __forceinline__ void wait_for_copies(int pending) {
     default: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
   }
 }
-__device__ __forceinline__ bool aligned16(const void* p) {
+__host__ __device__ __forceinline__ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 

@@ -233,12 +233,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Whether the kernel takes the problem's sizes and pointers (shared memory aside).
 bool takes(const MlaProblem& p) {
-  return p.d_model % 16 == 0 && p.rank % 16 == 0 && (p.heads * p.head_dim) % 8 == 0 && aligned16(p.hidden) &&
-         aligned16(p.w_down) && aligned16(p.w_up_k) && aligned16(p.w_up_v) && aligned16(p.out);
+  return p.d_model % 16 == 0 && p.rank % 16 == 0 && (p.heads * p.head_dim) % 8 == 0 &&
+         mla::aligned16(p.hidden) && mla::aligned16(p.w_down) && mla::aligned16(p.w_up_k) &&
+         mla::aligned16(p.w_up_v) && mla::aligned16(p.out);
 }
 
 // The shared layout for `splits` blocks per token tile.

@@ -253,8 +253,6 @@ __global__ void __launch_bounds__(kThreads) stream_tokens(const Pass<T> p) {
 int splits_of(int64_t d_model) { return int(std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, d_model / kSplitDepth))); }
 int part_depth_of(int64_t depth, int splits) { return int(mla::round_up(mla::ceil_div(depth, splits), 16)); }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // How a pass uses shared memory: 64-token tiles once there are that many tokens, else 16; the
 // whole part in one slot where it fits, three slots where they fit. row_tiles 0: nothing fits.
 struct Plan {
@@ -285,8 +283,8 @@ bool takes_fast_path(const MlaProblem* p) {
   const bool sizes = p->d_model % 8 == 0 && p->rank % 8 == 0 && (p->heads * p->head_dim) % 8 == 0 &&
                      p->tokens < (int64_t(1) << 30) && p->d_model < (int64_t(1) << 30) &&
                      2 * p->heads * p->head_dim < (int64_t(1) << 30);
-  const bool aligned = aligned16(p->hidden) && aligned16(p->w_down) && aligned16(p->w_up_k) &&
-                       aligned16(p->w_up_v) && aligned16(p->out);
+  const bool aligned = mla::aligned16(p->hidden) && mla::aligned16(p->w_down) &&
+                       mla::aligned16(p->w_up_k) && mla::aligned16(p->w_up_v) && mla::aligned16(p->out);
   const bool room = p->dtype == MLA_FLOAT32 ? fits<float>(*p) : fits<__nv_bfloat16>(*p);
   return mla::on_hopper() && sizes && aligned && room;
 }

@@ -47,7 +47,6 @@ def test_prepared_weights_that_do_not_belong_to_the_call_are_refused_before_it_r
     assert "\n" not in str(error.value)
 
 
-
 def test_the_dispatcher_has_nothing_to_prepare_in_bf16_or_past_rank_512():
     """Decided from dtype and rank before any GPU is asked (the sweep asks it at every point)."""
     import torch
