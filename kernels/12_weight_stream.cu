@@ -1,21 +1,23 @@
-// Step 12 — one to sixteen tokens: every SM streams its share of the weights straight into FFMAs.
+// Step 12 — one to sixteen tokens: every SM streams its share of the weights straight into its math.
 //
 // What changed from step 11, and why: with a handful of tokens the projection is a matrix-vector
 // product, each weight used once per token, and the weights are almost every byte (6.3 MB at
 // V2-Lite in bf16). Step 11 still runs it as a tiled GEMM: a block stages its weight tile in
 // shared memory, streams 16-row token tiles through a ring and waits on tensor-core chains and a
 // cluster barrier per tile, which took 9.6 µs at one token against a floor of about 2.
-// - No tiles, no ring, no tensor cores: each thread loads eight columns of a few weight rows
-//   straight into registers (16 bytes a row in bf16) and multiplies them by the tokens' values,
-//   which the block staged in shared memory once. Two batches of rows are in flight at a time,
-//   the first two before the kernel reads anything it depends on.
-// - A block owns 32 columns; its 64 groups of threads split the depth and are added by warp
-//   shuffles and then in shared memory. GEMM 1 (depth d_model) also splits d_model over a cluster
-//   of up to 8 blocks, whose sums are added through distributed shared memory; the fp32 latent
-//   goes to a scratch buffer, unrounded.
+// - No weight tiles, no ring: each thread loads a few weight rows of its columns straight into
+//   registers and multiplies them by the tokens' values, which the block staged in shared memory
+//   once. Two batches of rows are in flight at a time, the first two before the kernel reads
+//   anything it depends on.
+// - From two tokens, bf16 multiplies on the tensor cores (mma.sync, the tokens as A's 16 rows,
+//   padded): the registers two weight rows land in are B's fragment once the rows are
+//   interleaved, and a thread's sums take 16 registers for any token count, where FFMA's take 8 a
+//   token. fp32 (at fp32's accuracy) and bf16's single token stay on FFMA, 8 columns a thread.
+// - A block owns 32 columns and splits its depth over its threads, whose sums are added in shared
+//   memory. GEMM 1 (depth d_model) also splits d_model over a cluster of up to 8 blocks, added
+//   through distributed shared memory; the fp32 latent goes to a scratch buffer.
 // - GEMM 2 is launched as a programmatic dependent: its blocks load their first weight rows while
 //   GEMM 1 runs and wait (griddepcontrol.wait) only before they read the latent.
-// - fp32 stays fp32: FFMA, no TF32 passes.
 // Runs on sm_90 with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
 // weights and a token slice that fits shared memory (mla_takes); the binding runs the others on
 // step 4. Notes: kernels/12_weight_stream.md.
@@ -33,33 +35,44 @@
 namespace {
 
 namespace cg = cooperative_groups;
+using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kColumns = 32;                       // columns of a block
-constexpr int kColumnGroups = kColumns / 8;        // threads that share a weight row, 8 columns each
-constexpr int kDepthGroups = kThreads / kColumnGroups;  // threads that split a block's depth
-constexpr int kMaxSplits = 8;                      // the portable cluster size
+constexpr int kColumns = 32;               // columns of a block
+constexpr int kMaxSplits = 8;              // the portable cluster size
 constexpr int kMaxTokens = 16;
-constexpr int kSharedBudget = 227 * 1024;          // an sm_90 block's opt-in shared memory
-static_assert(kColumnGroups == 4, "the shuffles' lane bits 4, 8 and 16 are a warp's depth groups");
+constexpr int kSharedBudget = 227 * 1024;  // an sm_90 block's opt-in shared memory
+// A token's sums in shared memory, one row of a block's columns; the padding word puts the
+// tensor-core lanes that store one column for 8 tokens in 8 different banks.
+constexpr int kSumPitch = kColumns + 1;
 
-// Eight consecutive weights of one row, as loaded: one 16-byte load in bf16, two in fp32. Read once
-// per call, so they bypass L1.
-__device__ __forceinline__ uint4 load_streaming(const void* p) {
+// Weights are read once per call, so their loads bypass L1.
+__device__ __forceinline__ uint4 load_streaming_16(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+__device__ __forceinline__ uint2 load_streaming_8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 
+// ---- FFMA, 8 columns a thread: fp32, and bf16's single token --------------------------------------
+constexpr int kColumnGroups = kColumns / 8;             // threads that share a weight row
+constexpr int kDepthGroups = kThreads / kColumnGroups;  // threads that split a block's depth
+static_assert(kColumnGroups == 4, "the shuffles' lane bits 4, 8 and 16 are a warp's depth groups");
+
+// Eight consecutive weights of one row, as loaded: one 16-byte load in bf16, two in fp32.
 template <typename T>
 struct EightWeights;
 
 template <>
-struct EightWeights<__nv_bfloat16> {
+struct EightWeights<bf16> {
   uint4 bits;
-  __device__ __forceinline__ void load(const __nv_bfloat16* p) { bits = load_streaming(p); }
+  __device__ __forceinline__ void load(const bf16* p) { bits = load_streaming_16(p); }
   __device__ __forceinline__ void clear() { bits = make_uint4(0, 0, 0, 0); }
   __device__ __forceinline__ void unpack(float (&w)[8]) const {
     const uint32_t pairs[4] = {bits.x, bits.y, bits.z, bits.w};
@@ -74,7 +87,7 @@ struct EightWeights<__nv_bfloat16> {
 template <>
 struct EightWeights<float> {
   uint4 first, second;
-  __device__ __forceinline__ void load(const float* p) { first = load_streaming(p), second = load_streaming(p + 4); }
+  __device__ __forceinline__ void load(const float* p) { first = load_streaming_16(p), second = load_streaming_16(p + 4); }
   __device__ __forceinline__ void clear() { first = second = make_uint4(0, 0, 0, 0); }
   __device__ __forceinline__ void unpack(float (&w)[8]) const {
     const uint32_t bits[8] = {first.x, first.y, first.z, first.w, second.x, second.y, second.z, second.w};
@@ -83,12 +96,29 @@ struct EightWeights<float> {
   }
 };
 
-// Rows of weights in one batch of a thread's loads: 128 bytes, in bf16 and fp32 alike; two batches
-// are in flight at a time.
+// Rows of weights in one batch of a thread's loads: 128 bytes, in bf16 and fp32 alike.
 template <typename T>
 constexpr int kBatch = 128 / int(sizeof(EightWeights<T>));
+
+// ---- bf16 from 2 tokens: mma.sync m16n8k16, the tokens as A's 16 rows -------------------------------
+// A lane's B fragment is 4 rows of one column (rows 2q, 2q + 1, 2q + 8 and 2q + 9 of a 16-row
+// chunk, q = lane % 4). Loading 4 columns of each of those rows (8 bytes) gives the fragments of 4
+// mma at once, one per column, after the two rows of each pair are interleaved; a warp's 8 lane
+// groups (lane / 4) cover the block's 32 columns.
+constexpr int kChunkRows = 16;  // an mma's depth
+constexpr int kChunks = 4;      // chunks a warp loads per batch: 16 loads of 8 bytes, 128 bytes a lane
+constexpr int kMmaTokens = 16;  // A's rows; the rows past the call's tokens are zeros
+
+enum class Math { kFfma, kMma };
+// bf16 from 2 tokens up goes to the tensor cores. One token stays on FFMA, whose 16-byte loads
+// stream faster than the 8-byte loads a B fragment takes, and which has no padded rows to stage.
 template <typename T>
-constexpr int kBatchRows = kDepthGroups * kBatch<T>;  // a block's rows per batch
+constexpr Math math_for(int64_t tokens) {
+  return std::is_same_v<T, bf16> && tokens > 1 ? Math::kMma : Math::kFfma;
+}
+// A block's rows per batch. Two batches are in flight at a time.
+template <typename T, Math kMath>
+constexpr int kBatchRows = kMath == Math::kMma ? kWarps * kChunks * kChunkRows : kDepthGroups * kBatch<T>;
 
 // One GEMM of the projection, C = A @ W, for a few rows of A: the tokens of hidden and w_down
 // (GEMM 1, C the fp32 latent), or the latent and [w_up_k | w_up_v] (GEMM 2, C the stacked output).
@@ -105,27 +135,52 @@ struct Pass {
 };
 
 // A block's depth is staged rounded up to whole batches, so every thread runs the same loop.
-template <typename T>
+template <typename T, Math kMath>
 __host__ __device__ constexpr int staged_depth(int part_depth) {
-  return int(mla::round_up(part_depth, kBatchRows<T>));
+  return int(mla::round_up(part_depth, kBatchRows<T, kMath>));
 }
-// Shared memory: the tokens' values (depth-major, kTokens floats a row), each warp's sums, the
-// block's sums that the cluster adds.
-template <typename T, int kTokens>
-constexpr int shared_bytes(int part_depth) {
-  return (staged_depth<T>(part_depth) * kTokens + kWarps * kTokens * kColumns + kTokens * kColumns) * 4;
+// bf16's staged tokens: 16 rows of bf16 pairs; 4 words of padding put the 8 tokens an A fragment
+// reads in different banks.
+__host__ __device__ constexpr int pair_pitch(int staged) { return staged / 2 + 4; }
+// Shared memory after the staged tokens: each warp's sums, then the block's that the cluster adds.
+constexpr int sums_bytes(int tokens) { return (kWarps * tokens * kSumPitch + tokens * kColumns) * 4; }
+
+// The block's warps' sums (warp_sums[warp][token][column], kSumPitch a token) added, then the
+// cluster's blocks' sums through distributed shared memory; each block adds and stores every
+// splits-th of them.
+template <int kTokens, typename P>
+__device__ __forceinline__ void add_and_store(const P& p, const float* warp_sums, float* block_sums) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTokens * kColumns; i += kThreads) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[(w * kTokens + i / kColumns) * kSumPitch + i % kColumns];
+    block_sums[i] = total;
+  }
+  cluster.sync();
+  for (int i = threadIdx.x * splits + rank; i < kTokens * kColumns; i += kThreads * splits) {
+    const int token = i / kColumns, out_column = int(blockIdx.x) * kColumns + i % kColumns;
+    if (token >= p.tokens || out_column >= p.columns) continue;
+    float total = 0.0f;
+    for (int r = 0; r < splits; ++r) total += cluster.map_shared_rank(block_sums, r)[i];
+    p.out[int64_t(token) * p.out_pitch + out_column] = mla::from_float<std::remove_pointer_t<decltype(p.out)>>(total);
+  }
+  // No block may leave while another still reads its sums.
+  cluster.sync();
 }
 
 template <typename T, typename In, typename Out, int kTokens>
-__global__ void __launch_bounds__(kThreads) stream_weights(const Pass<T, In, Out> p) {
+__global__ void __launch_bounds__(kThreads) stream_weights_ffma(const Pass<T, In, Out> p) {
+  constexpr int kRows = kBatchRows<T, Math::kFfma>;
   extern __shared__ float4 shared_words[];
   float* const values = reinterpret_cast<float*>(shared_words);  // [staged depth][kTokens]
-  const int staged = staged_depth<T>(p.part_depth);
-  float* const warp_sums = values + staged * kTokens;            // [kWarps][kTokens][kColumns]
-  float* const block_sums = warp_sums + kWarps * kTokens * kColumns;  // [kTokens][kColumns]
+  const int staged = staged_depth<T, Math::kFfma>(p.part_depth);
+  float* const warp_sums = values + staged * kTokens;
+  float* const block_sums = warp_sums + kWarps * kTokens * kSumPitch;
 
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int rank = int(cg::this_cluster().block_rank());
   const int depth0 = rank * p.part_depth, depth_end = min(p.depth, depth0 + p.part_depth);
   const int column_group = threadIdx.x % kColumnGroups, depth_group = threadIdx.x / kColumnGroups;
   const int column = int(blockIdx.x) * kColumns + column_group * 8;
@@ -147,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) stream_weights(const Pass<T, In, Out
   };
   // Two batches in flight before the wait: the weights do not depend on the kernel before.
   fetch(now, 0);
-  if (kBatchRows<T> < staged) fetch(next, kBatchRows<T>);
+  if (kRows < staged) fetch(next, kRows);
 
   // GEMM 2's rows are GEMM 1's output: read them only once GEMM 1 has finished and flushed.
   if (p.after_primary) mla::wait_for_previous_kernel();
@@ -167,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) stream_weights(const Pass<T, In, Out
   __syncthreads();
 
   float sum[kTokens][8] = {};
-  for (int first = 0; first < staged; first += kBatchRows<T>) {
+  for (int first = 0; first < staged; first += kRows) {
 #pragma unroll
     for (int i = 0; i < kBatch<T>; ++i) {
       float w[8];
@@ -181,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) stream_weights(const Pass<T, In, Out
     }
 #pragma unroll
     for (int i = 0; i < kBatch<T>; ++i) now[i] = next[i];
-    if (first + 2 * kBatchRows<T> < staged) fetch(next, first + 2 * kBatchRows<T>);
+    if (first + 2 * kRows < staged) fetch(next, first + 2 * kRows);
   }
 
   // A warp's lanes are 8 depth groups times the 4 column groups: add over the depth groups. Each
@@ -204,26 +259,110 @@ __global__ void __launch_bounds__(kThreads) stream_weights(const Pass<T, In, Out
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kept_column = column_group * 8 + (lane >> 4 & 1) * 4 + (lane >> 3 & 1) * 2 + (lane >> 2 & 1);
 #pragma unroll
-  for (int t = 0; t < kTokens; ++t) warp_sums[(warp * kTokens + t) * kColumns + kept_column] = sum[t][0];
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTokens * kColumns; i += kThreads) {
-    float total = 0.0f;
+  for (int t = 0; t < kTokens; ++t) warp_sums[(warp * kTokens + t) * kSumPitch + kept_column] = sum[t][0];
+  add_and_store<kTokens>(p, warp_sums, block_sums);
+}
+
+// Two blocks an SM, so that GEMM 2's blocks start beside GEMM 1's.
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kThreads, 2) stream_weights_mma(const Pass<bf16, In, Out> p) {
+  extern __shared__ float4 shared_words[];
+  constexpr int kRows = kBatchRows<bf16, Math::kMma>;
+  const int staged = staged_depth<bf16, Math::kMma>(p.part_depth), pitch = pair_pitch(staged);
+  uint32_t* const pairs = reinterpret_cast<uint32_t*>(shared_words);  // [kMmaTokens][pitch] bf16 pairs
+  float* const warp_sums = reinterpret_cast<float*>(pairs + kMmaTokens * pitch);
+  float* const block_sums = warp_sums + kWarps * kMmaTokens * kSumPitch;
+
+  const int rank = int(cg::this_cluster().block_rank());
+  const int depth0 = rank * p.part_depth, depth_end = min(p.depth, depth0 + p.part_depth);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = lane / 4, quad = lane % 4;  // the fragments' groupID and threadID_in_group
+  const int column = int(blockIdx.x) * kColumns + group * 4;
+  const bool inside = column < p.columns;  // columns come in whole groups of 8
+  const bf16* const column_top = p.weights.at(0, inside ? column : 0);
+  mla::launch_dependents();
+
+  uint2 now[kChunks][4], next[kChunks][4];  // 4 columns of rows 2q, 2q + 1, 2q + 8, 2q + 9 of a chunk
+  const auto fetch = [&](uint2(&batch)[kChunks][4], int first) {
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += warp_sums[w * kTokens * kColumns + i];
-    block_sums[i] = total;
+    for (int i = 0; i < kChunks; ++i) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = depth0 + first + (i * kWarps + warp) * kChunkRows + 2 * quad + (r & 1) + (r >> 1) * 8;
+        if (inside && row < depth_end) {
+          batch[i][r] = load_streaming_8(column_top + int64_t(row) * p.weights.ld);
+        } else {
+          batch[i][r] = make_uint2(0, 0);
+        }
+      }
+    }
+  };
+  // Two batches in flight before the wait: the weights do not depend on the kernel before.
+  fetch(now, 0);
+  if (kRows < staged) fetch(next, kRows);
+
+  // GEMM 2's rows are GEMM 1's output: read them only once GEMM 1 has finished and flushed. The
+  // latent is rounded to bf16 here, as cuBLAS's bf16 GEMM 1 rounds it.
+  if (p.after_primary) mla::wait_for_previous_kernel();
+  // Only the call's tokens are staged: A's rows past them are zeros in registers. Each thread
+  // loads every token's pair of a depth at once.
+#pragma unroll 1
+  for (int k = threadIdx.x; k < staged / 2; k += kThreads) {
+    const int depth = depth0 + 2 * k;
+    float x[kMmaTokens][2];
+#pragma unroll
+    for (int token = 0; token < kMmaTokens; ++token) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        x[token][e] = token < p.tokens && depth + e < depth_end
+                          ? mla::to_float(p.rows[int64_t(token) * p.row_pitch + depth + e])
+                          : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int token = 0; token < kMmaTokens; ++token) {
+      if (token < p.tokens) pairs[token * pitch + k] = mla::pack_bf16(x[token][0], x[token][1]);
+    }
+  }
+  __syncthreads();
+
+  float sums[4][4] = {};  // one mma's C fragment for each of the lane's 4 columns
+  const bool low_live = group < p.tokens, high_live = group + 8 < p.tokens;  // A's rows group and group + 8
+  for (int first = 0; first < staged; first += kRows) {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const uint32_t* x = pairs + (first + (i * kWarps + warp) * kChunkRows) / 2 + quad;
+      const uint32_t a[4] = {low_live ? x[group * pitch] : 0u, high_live ? x[(group + 8) * pitch] : 0u,
+                             low_live ? x[group * pitch + 4] : 0u, high_live ? x[(group + 8) * pitch + 4] : 0u};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // Column j of each row: the low (even j) or high half of word j / 2; B wants the pair's
+        // lower row in the low half.
+        const auto word = [&](uint2 v) { return j < 2 ? v.x : v.y; };
+        const uint32_t select = j % 2 == 0 ? 0x5410 : 0x7632;
+        const uint32_t b0 = __byte_perm(word(now[i][0]), word(now[i][1]), select);
+        const uint32_t b1 = __byte_perm(word(now[i][2]), word(now[i][3]), select);
+        mla::mma_bf16(sums[j], a, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) now[i][r] = next[i][r];
+    }
+    if (first + 2 * kRows < staged) fetch(next, first + 2 * kRows);
   }
 
-  // The cluster's blocks add their sums; each block adds and stores every splits-th of them.
-  cluster.sync();
-  for (int i = threadIdx.x * splits + rank; i < kTokens * kColumns; i += kThreads * splits) {
-    const int token = i / kColumns, out_column = int(blockIdx.x) * kColumns + i % kColumns;
-    if (token >= p.tokens || out_column >= p.columns) continue;
-    float total = 0.0f;
-    for (int r = 0; r < splits; ++r) total += cluster.map_shared_rank(block_sums, r)[i];
-    p.out[int64_t(token) * p.out_pitch + out_column] = mla::from_float<Out>(total);
+  // C's column n of mma j is the block's column 4n + j; its rows are tokens `group` and group + 8.
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int token = group + (c / 2) * 8, block_column = 4 * (2 * quad + c % 2) + j;
+      warp_sums[(warp * kMmaTokens + token) * kSumPitch + block_column] = sums[j][c];
+    }
   }
-  // No block may leave while another still reads its sums.
-  cluster.sync();
+  add_and_store<kMmaTokens>(p, warp_sums, block_sums);
 }
 
 // A pass's split of its depth over a cluster: enough blocks to fill the GPU once, at most
@@ -235,8 +374,8 @@ int splits_of(int64_t columns, int64_t depth) {
 }
 int part_depth_of(int64_t depth, int splits) { return int(mla::ceil_div(depth, splits)); }
 
-// use(std::integral_constant<int, n>()) for the token count n the kernels are compiled for: the
-// fewest of 1, 2, 4, 8 and 16 that holds `tokens` (a thread keeps n x 8 sums in registers).
+// use(std::integral_constant<int, n>()) for the token count n the FFMA kernels are compiled for:
+// the fewest of 1, 2, 4, 8 and 16 that holds `tokens` (a thread keeps n x 8 sums in registers).
 template <class Use>
 auto with_compiled_tokens(int64_t tokens, Use use) {
   if (tokens <= 1) return use(std::integral_constant<int, 1>());
@@ -248,7 +387,11 @@ auto with_compiled_tokens(int64_t tokens, Use use) {
 
 template <typename T>
 int pass_shared_bytes(int64_t tokens, int part_depth) {
-  return with_compiled_tokens(tokens, [&](auto n) { return shared_bytes<T, decltype(n)::value>(part_depth); });
+  if (math_for<T>(tokens) == Math::kMma) {
+    return kMmaTokens * pair_pitch(staged_depth<T, Math::kMma>(part_depth)) * 4 + sums_bytes(kMmaTokens);
+  }
+  const int staged = staged_depth<T, Math::kFfma>(part_depth);
+  return with_compiled_tokens(tokens, [&](auto n) { return staged * int(n) * 4 + sums_bytes(n); });
 }
 
 template <typename T>
@@ -266,14 +409,14 @@ bool takes_fast_path(const MlaProblem* p) {
                      2 * p->heads * p->head_dim < (int64_t(1) << 30);
   const bool aligned = mla::aligned16(p->w_down) && mla::aligned16(p->w_up_k) &&
                        mla::aligned16(p->w_up_v);
-  const bool room = sizes && (p->dtype == MLA_FLOAT32 ? fits<float>(*p) : fits<__nv_bfloat16>(*p));
+  const bool room = sizes && (p->dtype == MLA_FLOAT32 ? fits<float>(*p) : fits<bf16>(*p));
   return mla::on_hopper() && sizes && aligned && room;
 }
 
-template <typename T, typename In, typename Out, int kTokens>
-cudaError_t launch_pass(const Pass<T, In, Out>& pass, int splits, cudaStream_t stream) {
-  const auto kernel = stream_weights<T, In, Out, kTokens>;
-  const int bytes = shared_bytes<T, kTokens>(pass.part_depth);
+template <typename Kernel, typename P>
+cudaError_t launch_pass(Kernel kernel, const P& pass, int splits, cudaStream_t stream) {
+  using T = std::remove_const_t<std::remove_pointer_t<decltype(pass.weights.left)>>;
+  const int bytes = pass_shared_bytes<T>(pass.tokens, pass.part_depth);
   cudaError_t err = mla::allow_shared_memory(kernel, size_t(bytes));
   if (err != cudaSuccess) return err;
   return mla::launch(pass.after_primary, unsigned(splits), kernel,
@@ -281,8 +424,8 @@ cudaError_t launch_pass(const Pass<T, In, Out>& pass, int splits, cudaStream_t s
                      size_t(bytes), stream, pass);
 }
 
-template <typename T, int kTokens>
-cudaError_t launch_for(const MlaProblem& p, cudaStream_t stream) {
+template <typename T>
+cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   const mla::Problem<T> m = mla::Problem<T>::of(p);
   float* latent = static_cast<float*>(p.workspace);
   const int down_splits = splits_of(p.rank, p.d_model), up_splits = splits_of(m.columns, p.rank);
@@ -290,13 +433,18 @@ cudaError_t launch_for(const MlaProblem& p, cudaStream_t stream) {
                                int(p.rank), part_depth_of(p.d_model, down_splits), false};
   const Pass<T, float, T> up{latent, p.rank, m.up, m.out, m.columns, int(p.tokens), int(p.rank), int(m.columns),
                              part_depth_of(p.rank, up_splits), true};
-  cudaError_t err = launch_pass<T, T, float, kTokens>(down, down_splits, stream);
-  return err != cudaSuccess ? err : launch_pass<T, float, T, kTokens>(up, up_splits, stream);
-}
-
-template <typename T>
-cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
-  return with_compiled_tokens(p.tokens, [&](auto n) { return launch_for<T, decltype(n)::value>(p, stream); });
+  const auto both = [&](auto down_kernel, auto up_kernel) {
+    cudaError_t err = launch_pass(down_kernel, down, down_splits, stream);
+    return err != cudaSuccess ? err : launch_pass(up_kernel, up, up_splits, stream);
+  };
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (math_for<T>(p.tokens) == Math::kMma) return both(stream_weights_mma<bf16, float>, stream_weights_mma<float, bf16>);
+    return both(stream_weights_ffma<T, T, float, 1>, stream_weights_ffma<T, float, T, 1>);  // one token
+  } else {
+    return with_compiled_tokens(p.tokens, [&](auto n) {
+      return both(stream_weights_ffma<T, T, float, n()>, stream_weights_ffma<T, float, T, n()>);
+    });
+  }
 }
 
 }  // namespace
@@ -311,5 +459,5 @@ extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {
 
 extern "C" cudaError_t mla_launch(const MlaProblem* p, cudaStream_t stream) {
   if (!takes_fast_path(p) || p->workspace == nullptr) return cudaErrorNotSupported;  // the binding runs step 4
-  return mla::dispatch(p, stream, launch<float>, launch<__nv_bfloat16>);
+  return mla::dispatch(p, stream, launch<float>, launch<bf16>);
 }

@@ -22,11 +22,9 @@ from . import build, steps
 # for a few tokens: in the H100 sweep it took 16.1 µs at V2-Lite 64 tokens against step 11's 19.9,
 # and 15.4 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
-# Up to this many tokens, step 12 (the weights streamed into FFMAs) beats step 11. In the H100 sweep
-# of sources a97a779587dd, V2-Lite, µs: bf16 7.6 against 9.6 at 1 token but 14.0 against 10.7 at 5
-# and 19.3 against 11.3 at 16 (its kernels for 5 to 16 tokens hold 160 to 250 registers a thread);
-# fp32 10.0 against 17.3 at 1, 14.5 against 17.8 at 5, 17.8 against 18.9 at 16.
-WEIGHT_STREAM_TOKENS = {torch.bfloat16: 1, torch.float32: 16}
+# Up to this many tokens, step 12 (the weights streamed into FFMA, or in bf16 from two tokens into
+# mma.sync) beats step 11. The H100 sweep's numbers are in kernels/12_weight_stream.md.
+WEIGHT_STREAM_TOKENS = {torch.bfloat16: 16, torch.float32: 16}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
 # In fp32, step 10 (k split over blocks for few tokens) overtakes step 11 between 16 and 64 tokens,
 # with its weights prepared or not: in an H100 run of commit 666e626, prepared, 27.0 against 18.9 µs

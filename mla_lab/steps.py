@@ -200,7 +200,8 @@ STEPS = (
     Step(
         12,
         "weight_stream",
-        "for one to sixteen tokens: every SM streams its share of the weights straight into FFMAs, "
+        "for one to sixteen tokens: every SM streams its share of the weights straight into FFMAs (bf16 from "
+        "two tokens into mma.sync), "
         "GEMM 1 split over a cluster, GEMM 2 launched as a programmatic dependent",
         max_rank=640,
         limit_reason="its fallback, step 4, takes rank <= 640",
