@@ -126,14 +126,15 @@ def bench(args: argparse.Namespace) -> int:
         print(compare.run("solution" if args.solutions else "exercise"))
         return 0
     command = args.command_line or " ".join(["python -m mla_lab", *sys.argv[1:]])
-    record = sweep.run(
-        args.steps or None, args.shapes or None, args.dtypes, args.modes,
-        peers=[] if args.no_peers else [p for p in sweep.PEERS if not (args.no_compile and p == "torch.compile")],
-        command=command,
-    )
+    peers = [] if args.no_peers else [p for p in sweep.PEERS if not (args.no_compile and p == "torch.compile")]
+    plan = sweep.plan(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers)
+    checkpoint = sweep.checkpoint_path_for(torch.cuda.get_device_name(), plan)
+    record = sweep.run(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers=peers,
+                       command=command, checkpoint=checkpoint, resume=args.resume)
     path = Path(args.out) if args.out else sweep.sweep_path_for(record.meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(record.to_json() + "\n")
+    checkpoint.unlink(missing_ok=True)
     wrong = [r for r in record.results if r.status == "wrong"]
     for r in wrong:
         print(f"WRONG {r.name} {r.shape} {r.dtype}: {r.note}")
@@ -281,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile peer")
     p.add_argument("--no-peers", action="store_true", help="time the steps only")
     p.add_argument("--out", help="JSON file to write (default: results/<device>.json)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the sweep that a time limit cut short (the same GPU model, sources and plan), "
+                        "from its checkpoint in build/sweep/")
     p.add_argument("--compare", action="store_true",
                    help="your exercises at a few points beside the stored run of this GPU: is a difference the GPU or the kernel?")
     p.add_argument("--solutions", action="store_true", help="with --compare: the solutions instead of your files")

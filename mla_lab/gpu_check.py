@@ -1,7 +1,8 @@
 """The whole GPU validation in three parts, ending with a short table: what ran, whether it
 passed, how long it took, its last line. Measured stages on an H100: the GPU tests 2 minutes, the
-sweep 6 to 7, the notebooks 2 to 4, nbval 2 to 3, the lane 2, profiles under 1. Where a sitting is
-shorter than a part, run its stages in turns with --only.
+sweep 6 to 7 (8 on an H200), the notebooks 2 to 4, nbval 2 to 3, the lane 2, profiles under 1. Where
+a sitting is shorter than a part, run its stages in turns with --only; a sweep cut short goes on
+from its checkpoint (build/sweep/) when the bench stage runs again on the same sources.
 
   validate  every step checked on the shape matrix, the GPU tests (the known-wrong kernels of
             tests/wrong_kernels/ among them), the grader over every solution (correct) and every
@@ -55,7 +56,7 @@ PARTS = {
         ("lane-stubs", MLA + ["grade", "--all", "--sanitize", "--variant", "exercise", "--expect-stubs"], {}),
     ],
     "results": [
-        ("bench", MLA + ["bench", "--command-line", "make gpu-results"], {}),
+        ("bench", MLA + ["bench", "--resume", "--command-line", "make gpu-results"], {}),
         ("results", MLA + ["results"], {}),
         ("profile", MLA + ["profile"], {}),
         ("notebooks", MLA + ["notebooks"], SOLUTIONS),

@@ -11,6 +11,7 @@ made from that file and nothing else, so they cannot drift from the data.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import re
 import subprocess
@@ -190,30 +191,92 @@ def run(
     command: str = "",
     budget_s: float = 0.25,
     progress: Callable[[str], None] | None = None,
+    checkpoint: Path | None = None,
+    resume: bool = False,
 ) -> Sweep:
-    """Check and time everything asked for on the current GPU; returns the whole record."""
-    chosen_steps = [steps.get(k) for k in step_keys] if step_keys else list(steps.STEPS)
-    chosen_shapes = list(shape_names) if shape_names else list(SHAPES)
+    """Check and time everything asked for on the current GPU; returns the whole record.
+
+    With `checkpoint`, the record so far is written there after every point; with `resume` too, a
+    checkpoint already there from the same GPU model, sources and plan (steps, shapes, dtypes,
+    modes, peers) is taken up where it stopped: a sweep that a time limit cut short goes on in the
+    next sitting. Each point is still measured whole in one process, its contenders beside each
+    other; the record lists its sittings, each with its own date, ceilings and points."""
+    measured = plan(step_keys, shape_names, dtype_names, modes, peers)
+    chosen_steps, chosen_shapes = [steps.get(n) for n in measured["steps"]], measured["shapes"]
     for name in chosen_shapes:
         if name not in SHAPES:
             raise ValueError(f"no sweep shape {name!r}; the shapes are {', '.join(SHAPES)}")
-    modes, peers = list(modes), list(peers)
+    modes, peers, dtype_names = measured["modes"], measured["peers"], measured["dtypes"]
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    ceilings = bench.measure_ceilings()
+    meta = device_meta(command, ceilings)
+    sitting = {"date": meta["date"], "ceilings": ceilings, "gpu_state": meta.get("gpu_state", {}), "points": []}
+    sweep = _taken_up(checkpoint, meta, measured, say) if resume else None
+    if sweep is None:
+        sweep = Sweep({**meta, "sittings": []})
+    sweep.meta["sittings"].append(sitting)
+    done = {point for earlier in sweep.meta["sittings"] for point in earlier["points"]}
     kernels = {s.label: steps.load(s.number) for s in chosen_steps}
     compiled = torch.compile(reference, dynamic=True) if "torch.compile" in peers else None
-    ceilings = bench.measure_ceilings()
-    sweep = Sweep(device_meta(command, ceilings))
-    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     points = [(s, d) for s in chosen_shapes for d in dtype_names]
     for index, (shape_name, dtype_name) in enumerate(points, 1):
+        if f"{shape_name} {dtype_name}" in done:
+            continue
         shape, dtype = SHAPES[shape_name], DTYPES[dtype_name]
-        done = round(20 * (index - 1) / len(points))
-        say(f"[{'#' * done}{'.' * (20 - done)}] {index}/{len(points)} {shape_name} {dtype_name}: {shape.label()}")
+        progress_bar = round(20 * (index - 1) / len(points))
+        say(f"[{'#' * progress_bar}{'.' * (20 - progress_bar)}] {index}/{len(points)} {shape_name} {dtype_name}: "
+            f"{shape.label()}")
         sweep.results += _measure_point(
             shape_name, shape, dtype_name, dtype, chosen_steps, kernels, peers, modes, compiled,
             ceilings, budget_s, seed=index,
         )
+        sitting["points"].append(f"{shape_name} {dtype_name}")
         torch.cuda.empty_cache()
+        if checkpoint is not None:
+            _write_checkpoint(checkpoint, sweep, measured)
+    sweep.meta["sittings"] = [s for s in sweep.meta["sittings"] if s["points"]]
     return sweep
+
+
+def checkpoint_path_for(device: str, plan_of: dict) -> Path:
+    """Where `python -m mla_lab bench` keeps a sweep in progress (git-ignored): one file per GPU
+    model and plan, so that a sweep of a few points leaves a whole sweep's checkpoint alone."""
+    digest = hashlib.sha256(json.dumps(plan_of, sort_keys=True).encode()).hexdigest()[:8]
+    return REPO / "build" / "sweep" / f"{device_slug(device)}-{digest}.json"
+
+
+def plan(step_keys: Iterable[int | str] | None, shape_names: Iterable[str] | None, dtype_names: Iterable[str],
+         modes: Iterable[str], peers: Iterable[str]) -> dict:
+    """What a sweep measures, as `run` records it in its checkpoint."""
+    chosen_steps = [steps.get(k) for k in step_keys] if step_keys else list(steps.STEPS)
+    return {"steps": [s.number for s in chosen_steps], "shapes": list(shape_names) if shape_names else list(SHAPES),
+            "dtypes": list(dtype_names), "modes": list(modes), "peers": list(peers)}
+
+
+def _write_checkpoint(path: Path, sweep: Sweep, measured: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".writing")  # a kill mid-write leaves the last whole checkpoint
+    record = {"plan": measured, "meta": sweep.meta, "results": [asdict(r) for r in sweep.results]}
+    partial.write_text(json.dumps(record))
+    partial.replace(path)
+
+
+def _taken_up(path: Path | None, meta: dict, measured: dict, say: Callable[[str], None]) -> Sweep | None:
+    """The sweep in progress at `path`, if it can go on here: the same GPU model, sources and plan."""
+    if path is None or not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    earlier = data["meta"]
+    differs = [what for what, same in (("GPU model", earlier["device"] == meta["device"]),
+                                       ("sources", earlier["sources"] == meta["sources"]),
+                                       ("plan", data["plan"] == measured)) if not same]
+    if differs:
+        say(f"{path}: a sweep of another {' and '.join(differs)}; starting afresh")
+        return None
+    taken = Sweep(earlier, [Result(**r) for r in data["results"]])
+    points = sum(len(s["points"]) for s in earlier["sittings"])
+    say(f"{path}: going on from {points} points measured in {len(earlier['sittings'])} sitting(s)")
+    return taken
 
 
 def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, peers, modes,
@@ -293,13 +356,21 @@ def best_step(sweep: Sweep, shape: str, dtype: str, mode: str, fp32_math: str | 
     return min(candidates, key=lambda r: r.median_us, default=None)
 
 
+def _sittings_phrase(meta: dict) -> str:
+    """", in 2 sittings (2026-12-06, 2026-12-07)" for a sweep that went on from a checkpoint; "" for one sitting."""
+    sittings = meta.get("sittings", [])
+    if len(sittings) < 2:
+        return ""
+    return f", in {len(sittings)} sittings ({', '.join(s['date'][:10] for s in sittings)})"
+
+
 def results_table(sweep: Sweep, mode: str = "graph", with_staleness: bool = False) -> str:
     """The README's table; `with_staleness` adds a line naming the rows that changed code made stale."""
     meta = sweep.meta
     lines = [
         f"Measured on {meta['device']} (sm_{meta['compute_capability'].replace('.', '')}, driver "
         f"{meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}) on {meta['date'][:10]}, "
-        f"sources {meta['sources']}, by `{meta['command']}`; {mode} mode, median µs.",
+        f"sources {meta['sources']}, by `{meta['command']}`{_sittings_phrase(meta)}; {mode} mode, median µs.",
         "",
         *(stale_note(sweep) if with_staleness else []),
         "| shape | dtype | best step | µs | eager µs | cuBLAS concat µs | torch.compile µs | vs eager | vs cuBLAS | of roofline floor |",
