@@ -23,8 +23,13 @@ from . import build, steps
 # and 15.4 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
 # Up to this many tokens, step 12 (the weights streamed into FFMA, or in bf16 from two tokens into
-# mma.sync) beats step 11. The H100 sweep's numbers are in kernels/12_weight_stream.md.
-WEIGHT_STREAM_TOKENS = {torch.bfloat16: 16, torch.float32: 16}
+# mma.sync) beats step 11. In the H100 sweep of sources a97a779587dd, V2-Lite, µs: bf16 7.6 against
+# 9.6 at 1 token; fp32 10.0 against 17.3 at 1, 14.5 against 17.8 at 5, 17.8 against 18.9 at 16.
+# That sweep's bf16 step 12 for 5 and 16 tokens was FFMA (14.0 and 19.3 µs). Its mma.sync path
+# in one H200 run of `python -m mla_lab bench 11 12` (sources 1644b841b3b1): 8.5 against 9.3 at 5, 10.9
+# against 9.9 at 16. A rule for it waits for a sweep (tests/test_dispatch.py reads the rules against
+# the sweep they come from).
+WEIGHT_STREAM_TOKENS = {torch.bfloat16: 1, torch.float32: 16}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
 # In fp32, step 10 (k split over blocks for few tokens) overtakes step 11 between 16 and 64 tokens,
 # with its weights prepared or not: in an H100 run of commit 666e626, prepared, 27.0 against 18.9 µs
