@@ -26,7 +26,7 @@ gpu-lane:  # the sanitizer lane (python -m mla_lab grade exNN --sanitize) over e
 gpu-results:  # its last part: the sweep into results/, the README table and plots, the stored profiles, every notebook executed, nbval
 	$(PYTHON) -m mla_lab gpu-check results
 
-profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096 (both dtypes) and one decode token, into results/profiles/
+profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096 (both dtypes) and 1 and 16 bf16 decode tokens, into results/profiles/
 	$(PYTHON) -m mla_lab profile
 
 sass:  # each step's machine code against another commit's (REV=HEAD by default): what a change left as it was

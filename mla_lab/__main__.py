@@ -129,8 +129,12 @@ def bench(args: argparse.Namespace) -> int:
     peers = [] if args.no_peers else [p for p in sweep.PEERS if not (args.no_compile and p == "torch.compile")]
     plan = sweep.plan(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers)
     checkpoint = sweep.checkpoint_path_for(torch.cuda.get_device_name(), plan)
-    record = sweep.run(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers=peers,
-                       command=command, checkpoint=checkpoint, resume=args.resume)
+    try:
+        record = sweep.run(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers=peers,
+                           command=command, checkpoint=checkpoint, resume=args.resume, stop_after_s=args.stop_after)
+    except sweep.SweepCutShort as cut:
+        print(cut)
+        return 3
     path = Path(args.out) if args.out else sweep.sweep_path_for(record.meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(record.to_json() + "\n")
@@ -285,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true",
                    help="go on with the sweep that a time limit cut short (the same GPU model, sources and plan), "
                         "from its checkpoint in build/sweep/")
+    p.add_argument("--stop-after", type=float, metavar="SECONDS",
+                   help="start no point after this many seconds (the checkpoint keeps what was measured; "
+                        "--resume goes on): for sittings with a time limit")
     p.add_argument("--compare", action="store_true",
                    help="your exercises at a few points beside the stored run of this GPU: is a difference the GPU or the kernel?")
     p.add_argument("--solutions", action="store_true", help="with --compare: the solutions instead of your files")

@@ -2,7 +2,7 @@
 read hardware counters (most rented GPUs refuse them: ERR_NVGPUCTRPERM) or have no GPU.
 
     make profile                    every step at the toy and at V2-Lite 4096 tokens, both dtypes, and
-                                    at one decode token (bf16), into results/profiles/<device>.json
+                                    at 1 and 16 decode tokens (bf16), into results/profiles/<device>.json
                                     (GPU, ncu: all calls under one ncu, each behind a marker kernel)
     python -m mla_lab profile ex05  your kernel, where counters can be read; then the stored one
 
@@ -26,7 +26,8 @@ from . import steps
 from .gpu_check import IMPORTABLE
 
 PROFILES_DIR = steps.REPO / "results" / "profiles"  # beside the sweeps, not among them
-POINTS = ("toy fp32", "toy bf16", "v2_lite@4096 fp32", "v2_lite@4096 bf16", "v2_lite@1 bf16")
+# One and 16 decode tokens in bf16: what the decode steps (11, 12) pay per token beyond the first.
+POINTS = ("toy fp32", "toy bf16", "v2_lite@4096 fp32", "v2_lite@4096 bf16", "v2_lite@1 bf16", "v2_lite@16 bf16")
 
 # summary field: (ncu metric, how kernels of one call combine: "sum", "max" or "time-weighted")
 METRICS = {

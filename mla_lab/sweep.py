@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -193,6 +194,7 @@ def run(
     progress: Callable[[str], None] | None = None,
     checkpoint: Path | None = None,
     resume: bool = False,
+    stop_after_s: float | None = None,
 ) -> Sweep:
     """Check and time everything asked for on the current GPU; returns the whole record.
 
@@ -200,7 +202,9 @@ def run(
     checkpoint already there from the same GPU model, sources and plan (steps, shapes, dtypes,
     modes, peers) is taken up where it stopped: a sweep that a time limit cut short goes on in the
     next sitting. Each point is still measured whole in one process, its contenders beside each
-    other; the record lists its sittings, each with its own date, ceilings and points."""
+    other; the record lists its sittings, each with its own date, ceilings and points. With
+    `stop_after_s`, no point starts after that many seconds: the sitting ends with SweepCutShort,
+    its points kept in the checkpoint, rather than under a time limit that kills a point half-done."""
     measured = plan(step_keys, shape_names, dtype_names, modes, peers)
     chosen_steps, chosen_shapes = [steps.get(n) for n in measured["steps"]], measured["shapes"]
     for name in chosen_shapes:
@@ -208,6 +212,7 @@ def run(
             raise ValueError(f"no sweep shape {name!r}; the shapes are {', '.join(SHAPES)}")
     modes, peers, dtype_names = measured["modes"], measured["peers"], measured["dtypes"]
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    started = time.monotonic()
     ceilings = bench.measure_ceilings()
     meta = device_meta(command, ceilings)
     sitting = {"date": meta["date"], "ceilings": ceilings, "gpu_state": meta.get("gpu_state", {}), "points": []}
@@ -222,6 +227,10 @@ def run(
     for index, (shape_name, dtype_name) in enumerate(points, 1):
         if f"{shape_name} {dtype_name}" in done:
             continue
+        if stop_after_s is not None and time.monotonic() - started > stop_after_s:
+            measured_now = len(done) + len(sitting["points"])
+            raise SweepCutShort(f"stopped after {stop_after_s:.0f} s with {measured_now} of {len(points)} points "
+                                f"measured, kept in {checkpoint}: run it again with --resume to go on")
         shape, dtype = SHAPES[shape_name], DTYPES[dtype_name]
         progress_bar = round(20 * (index - 1) / len(points))
         say(f"[{'#' * progress_bar}{'.' * (20 - progress_bar)}] {index}/{len(points)} {shape_name} {dtype_name}: "
@@ -236,6 +245,10 @@ def run(
             _write_checkpoint(checkpoint, sweep, measured)
     sweep.meta["sittings"] = [s for s in sweep.meta["sittings"] if s["points"]]
     return sweep
+
+
+class SweepCutShort(RuntimeError):
+    """A sitting ended by its time budget between two points; the checkpoint holds the rest."""
 
 
 def checkpoint_path_for(device: str, plan_of: dict) -> Path:

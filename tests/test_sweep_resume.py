@@ -86,3 +86,15 @@ def test_a_sweep_in_one_sitting_says_nothing_of_sittings(tmp_path, fake_gpu):
     record = sweep_in(tmp_path / "fake.json", resume=False)
     assert sweep._sittings_phrase(record.meta) == ""
     assert (tmp_path / "fake.json").exists()  # bench removes it once the results are written
+
+
+def test_a_sitting_with_a_budget_stops_between_points_and_the_next_goes_on(tmp_path, fake_gpu, monkeypatch):
+    clock = iter(range(0, 1000, 10))  # each look at the clock: 10 s later
+    monkeypatch.setattr(sweep.time, "monotonic", lambda: next(clock))
+    checkpoint = tmp_path / "fake.json"
+    with pytest.raises(sweep.SweepCutShort, match="with 2 of 6 points measured"):
+        sweep.run([1], SHAPES, ["fp32", "bf16"], ["graph"], peers=[], checkpoint=checkpoint, resume=True,
+                  progress=lambda line: None, stop_after_s=25)
+    assert fake_gpu["measured"] == ["toy fp32", "toy bf16"]
+    record = sweep_in(checkpoint, resume=True)
+    assert len(record.results) == 6 and len(fake_gpu["measured"]) == 6
