@@ -129,6 +129,10 @@ def bench(args: argparse.Namespace) -> int:
     peers = [] if args.no_peers else [p for p in sweep.PEERS if not (args.no_compile and p == "torch.compile")]
     plan = sweep.plan(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers)
     checkpoint = sweep.checkpoint_path_for(torch.cuda.get_device_name(), plan)
+    done = sweep.whole_sweep_of_these_sources(torch.cuda.get_device_name())
+    if args.resume and not checkpoint.exists() and not args.out and plan == sweep.plan() and done is not None:
+        print(f"{done.relative_to(sweep.REPO)} already holds a whole sweep of these sources: nothing to go on with")
+        return 0
     try:
         record = sweep.run(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers=peers,
                            command=command, checkpoint=checkpoint, resume=args.resume, stop_after_s=args.stop_after)
@@ -207,7 +211,7 @@ def gpu_check(args: argparse.Namespace) -> int:
     from .gpu_check import PARTS, run
 
     build.require_gpu()
-    return run(args.parts or list(PARTS), args.only)
+    return run(args.parts or list(PARTS), args.only, args.sitting)
 
 
 def kernelbench(args: argparse.Namespace) -> int:
@@ -320,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("gpu-check", help="the whole GPU validation, ending with a table (GPU; see mla_lab/gpu_check.py)")
     p.add_argument("parts", nargs="*", choices=["validate", "lane", "results"], help="default: all three")
     p.add_argument("--only", nargs="*", metavar="STAGE", help="only these stages (the names in the table)")
+    p.add_argument("--sitting", type=float, metavar="SECONDS",
+                   help="the time this machine is lent for: no stage starts that might not end in it, and a sweep "
+                        "cut short goes on when the command runs again")
     p.set_defaults(run=gpu_check)
 
     p = sub.add_parser("kernelbench", help="evaluate a KernelBench-style ModelNew file against Model (GPU)")

@@ -1,8 +1,9 @@
 """The whole GPU validation in three parts, ending with a short table: what ran, whether it
 passed, how long it took, its last line. Measured stages on an H100: the GPU tests 2 minutes, the
 sweep 6 to 7 (8 on an H200), the notebooks 2 to 4, nbval 2 to 3, the lane 2, profiles under 1. Where
-a sitting is shorter than a part, run its stages in turns with --only; a sweep cut short goes on
-from its checkpoint (build/sweep/) when the bench stage runs again on the same sources.
+a sitting is shorter than a part, give its length: `--sitting SECONDS` starts no stage that
+might not end in time, and the sweep stops between points, keeping them in build/sweep/ for the
+next sitting (bring that folder along to another machine); run the same command again to go on.
 
   validate  every step checked on the shape matrix, the GPU tests (the known-wrong kernels of
             tests/wrong_kernels/ among them), the grader over every solution (correct) and every
@@ -66,24 +67,63 @@ PARTS = {
 }
 
 
-def run(parts: list[str], only: list[str] | None = None) -> int:
+# Seconds a stage may take, an upper bound of what it took on an H100 or H200: in a sitting (--sitting)
+# a stage that has less time left than this waits for the next sitting instead of being killed.
+STAGE_SECONDS = {"doctor": 30, "check": 120, "gpu-tests": 180, "grade-solutions": 120, "grade-stubs": 60,
+                 **{tool: SANITIZER_SECONDS for tool in ("memcheck", "initcheck", "racecheck", "synccheck")},
+                 "lane-solutions": 180, "lane-stubs": 120, "results": 30, "profile": 90, "notebooks": 270,
+                 "nbval": 240}
+# The sweep's longest point (V3 at 16384 tokens) with room to spare: a sitting's sweep starts no
+# point later than this before the sitting ends.
+LONGEST_POINT_SECONDS = 100
+CUT_SHORT = 3  # bench's exit code when --stop-after ended it between points
+
+
+def run(parts: list[str], only: list[str] | None = None, sitting: float | None = None) -> int:
+    """The stages of `parts` (or those named in `only`), each into its log, then the table. With
+    `sitting` (seconds), no stage starts that might not end in time: the sweep stops between points
+    and keeps them for the next sitting (bench --resume --stop-after), and the stages after a sweep
+    cut short wait for it. Returns 0 when every stage ran and passed."""
     logs = Path(os.environ.get("MLA_LAB_LOGS", REPO / "build" / "gpu-check"))
     logs.mkdir(parents=True, exist_ok=True)
+    deadline = time.perf_counter() + sitting if sitting is not None else None
     rows = []
+    sweep_cut_short = False
+
+    def report(part: str, name: str, status: str, seconds: float, last: str) -> None:
+        rows.append((part, name, status, seconds, last))
+        print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {last}", flush=True)
+
     for part in parts:
         for name, command, env in PARTS[part]:
             if only and name not in only:
                 continue
+            left = deadline - time.perf_counter() if deadline is not None else None
+            if sweep_cut_short and part == "results":
+                report(part, name, "waits", 0, "for the sweep: run this sitting again to go on with it")
+                continue
+            if left is not None:
+                needs = LONGEST_POINT_SECONDS + 30 if name == "bench" else STAGE_SECONDS.get(name, 0)
+                if left < needs:
+                    report(part, name, "no time", 0, f"{left:.0f} s left of the sitting, it takes up to {needs} s")
+                    continue
+                if name == "bench":
+                    command = [*command, "--stop-after", f"{left - LONGEST_POINT_SECONDS:.0f}"]
             start = time.perf_counter()
             log = logs / f"{part}-{name}.log"
             with open(log, "w") as out:
-                code = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                      env={**os.environ, **IMPORTABLE, **env}).returncode
+                try:
+                    code = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                          env={**os.environ, **IMPORTABLE, **env}, timeout=left).returncode
+                except subprocess.TimeoutExpired:
+                    code = 124
             seconds = time.perf_counter() - start
             lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-            status = "ok" if code == 0 else ("timed out" if code == 124 else f"FAILED ({code})")
-            rows.append((part, name, status, seconds, lines[-1][:90] if lines else ""))
-            print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {rows[-1][4]}", flush=True)
+            if name == "bench" and code == CUT_SHORT:
+                status, sweep_cut_short = "cut short", True
+            else:
+                status = "ok" if code == 0 else ("timed out" if code == 124 else f"FAILED ({code})")
+            report(part, name, status, seconds, lines[-1][:90] if lines else "")
     print(f"\n{'part':9} {'stage':17} {'status':11} {'time':>8}  last line of its log ({logs})")
     for part, name, status, seconds, last in rows:
         print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {last}")

@@ -258,12 +258,20 @@ def checkpoint_path_for(device: str, plan_of: dict) -> Path:
     return REPO / "build" / "sweep" / f"{device_slug(device)}-{digest}.json"
 
 
-def plan(step_keys: Iterable[int | str] | None, shape_names: Iterable[str] | None, dtype_names: Iterable[str],
-         modes: Iterable[str], peers: Iterable[str]) -> dict:
-    """What a sweep measures, as `run` records it in its checkpoint."""
+def plan(step_keys: Iterable[int | str] | None = None, shape_names: Iterable[str] | None = None,
+         dtype_names: Iterable[str] = tuple(DTYPES), modes: Iterable[str] = bench.MODES,
+         peers: Iterable[str] = PEERS) -> dict:
+    """What a sweep measures, as `run` records it in its checkpoint (by default, the whole sweep)."""
     chosen_steps = [steps.get(k) for k in step_keys] if step_keys else list(steps.STEPS)
     return {"steps": [s.number for s in chosen_steps], "shapes": list(shape_names) if shape_names else list(SHAPES),
             "dtypes": list(dtype_names), "modes": list(modes), "peers": list(peers)}
+
+
+def whole_sweep_of_these_sources(device: str) -> Path | None:
+    """results/<device>.json, where it holds a sweep of this checkout's sources (a resumed sweep
+    that finished has nothing left to go on with)."""
+    path = sweep_path_for({"device": device})
+    return path if path.exists() and Sweep.load(path).meta["sources"] == sources_fingerprint() else None
 
 
 def _write_checkpoint(path: Path, sweep: Sweep, measured: dict) -> None:

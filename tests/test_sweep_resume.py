@@ -98,3 +98,15 @@ def test_a_sitting_with_a_budget_stops_between_points_and_the_next_goes_on(tmp_p
     assert fake_gpu["measured"] == ["toy fp32", "toy bf16"]
     record = sweep_in(checkpoint, resume=True)
     assert len(record.results) == 6 and len(fake_gpu["measured"]) == 6
+
+
+def test_a_finished_sweep_of_these_sources_leaves_nothing_to_go_on_with(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(sweep, "sources_fingerprint", lambda: "aaaa")
+    assert sweep.whole_sweep_of_these_sources("Fake GPU") is None
+    path = sweep.sweep_path_for({"device": "Fake GPU"})
+    path.write_text(sweep.Sweep({"device": "Fake GPU", "sources": "bbbb"}).to_json())
+    assert sweep.whole_sweep_of_these_sources("Fake GPU") is None  # another checkout's sweep: measure afresh
+    path.write_text(sweep.Sweep({"device": "Fake GPU", "sources": "aaaa"}).to_json())
+    assert sweep.whole_sweep_of_these_sources("Fake GPU") == path
+    assert sweep.plan() == sweep.plan(None, None, ["fp32", "bf16"], ["graph", "stream"], list(sweep.PEERS))
