@@ -108,6 +108,7 @@ constexpr int kBatch = 128 / int(sizeof(EightWeights<T>));
 constexpr int kChunkRows = 16;  // an mma's depth
 constexpr int kChunks = 4;      // chunks a warp loads per batch: 16 loads of 8 bytes, 128 bytes a lane
 constexpr int kMmaTokens = 16;  // A's rows; the rows past the call's tokens are zeros
+static_assert(kMaxTokens <= kMmaTokens, "every token the step takes is a row of A");
 
 enum class Math { kFfma, kMma };
 // bf16 from 2 tokens up goes to the tensor cores. One token stays on FFMA, whose 16-byte loads
@@ -124,6 +125,7 @@ constexpr int kBatchRows = kMath == Math::kMma ? kWarps * kChunks * kChunkRows :
 // (GEMM 1, C the fp32 latent), or the latent and [w_up_k | w_up_v] (GEMM 2, C the stacked output).
 template <typename T, typename In, typename Out>
 struct Pass {
+  using Output = Out;
   const In* rows;
   int64_t row_pitch;
   mla::WeightColumns<T> weights;
@@ -165,7 +167,7 @@ __device__ __forceinline__ void add_and_store(const P& p, const float* warp_sums
     if (token >= p.tokens || out_column >= p.columns) continue;
     float total = 0.0f;
     for (int r = 0; r < splits; ++r) total += cluster.map_shared_rank(block_sums, r)[i];
-    p.out[int64_t(token) * p.out_pitch + out_column] = mla::from_float<std::remove_pointer_t<decltype(p.out)>>(total);
+    p.out[int64_t(token) * p.out_pitch + out_column] = mla::from_float<typename P::Output>(total);
   }
   // No block may leave while another still reads its sums.
   cluster.sync();
