@@ -14,17 +14,20 @@ lab: setup  # open the course: JupyterLab at the repository root, on notebooks/ 
 test: setup  # CPU tests, every .cu compiled with nvcc, nbval over the notebooks (GPU tests run if there is a GPU)
 	.venv/bin/python -m pytest
 
+# SITTING=SECONDS (make gpu-results SITTING=570): the time the machine is lent for (mla_lab/gpu_check.py)
+SITTING_FLAG = $(if $(SITTING),--sitting $(SITTING))
+
 gpu-check:  # on a GPU machine, the whole validation (build, check, GPU tests, grader, sanitizers, bench, notebooks, nbval), ending with a table
-	$(PYTHON) -m mla_lab gpu-check
+	$(PYTHON) -m mla_lab gpu-check $(SITTING_FLAG)
 
 gpu-validate:  # its first part: every step checked, the GPU tests, the grader over solutions and stubs, compute-sanitizer's four tools
-	$(PYTHON) -m mla_lab gpu-check validate
+	$(PYTHON) -m mla_lab gpu-check validate $(SITTING_FLAG)
 
 gpu-lane:  # the sanitizer lane (python -m mla_lab grade exNN --sanitize) over every solution and every stub
-	$(PYTHON) -m mla_lab gpu-check lane
+	$(PYTHON) -m mla_lab gpu-check lane $(SITTING_FLAG)
 
 gpu-results:  # its last part: the sweep into results/, the README table and plots, the stored profiles, every notebook executed, nbval
-	$(PYTHON) -m mla_lab gpu-check results
+	$(PYTHON) -m mla_lab gpu-check results $(SITTING_FLAG)
 
 profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096 (both dtypes) and 1 and 16 bf16 decode tokens, into results/profiles/
 	$(PYTHON) -m mla_lab profile
