@@ -111,8 +111,8 @@ constexpr int kMmaTokens = 16;  // A's rows; the rows past the call's tokens are
 static_assert(kMaxTokens <= kMmaTokens, "every token the step takes is a row of A");
 
 enum class Math { kFfma, kMma };
-// bf16 from 2 tokens up goes to the tensor cores. One token stays on FFMA, whose 16-byte loads
-// stream faster than the 8-byte loads a B fragment takes, and which has no padded rows to stage.
+// bf16 from 2 tokens up goes to the tensor cores. One token stays on FFMA, which was measured
+// faster there (kernels/12_weight_stream.md); why is not yet known.
 template <typename T>
 constexpr Math math_for(int64_t tokens) {
   return std::is_same_v<T, bf16> && tokens > 1 ? Math::kMma : Math::kFfma;

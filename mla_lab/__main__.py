@@ -128,8 +128,9 @@ def bench(args: argparse.Namespace) -> int:
     command = args.command_line or " ".join(["python -m mla_lab", *sys.argv[1:]])
     peers = [] if args.no_peers else [p for p in sweep.PEERS if not (args.no_compile and p == "torch.compile")]
     plan = sweep.plan(args.steps or None, args.shapes or None, args.dtypes, args.modes, peers)
-    checkpoint = sweep.checkpoint_path_for(torch.cuda.get_device_name(), plan)
-    done = sweep.whole_sweep_of_these_sources(torch.cuda.get_device_name())
+    device = torch.cuda.get_device_name()
+    checkpoint = sweep.checkpoint_path_for(device, plan)
+    done = sweep.whole_sweep_of_these_sources(device)
     if args.resume and not checkpoint.exists() and not args.out and plan == sweep.plan() and done is not None:
         print(f"{done.relative_to(sweep.REPO)} already holds a whole sweep of these sources: nothing to go on with")
         return 0

@@ -67,8 +67,9 @@ PARTS = {
 }
 
 
-# Seconds a stage may take, an upper bound of what it took on an H100 or H200: in a sitting (--sitting)
-# a stage that has less time left than this waits for the next sitting instead of being killed.
+# Seconds allowed a stage in a sitting (--sitting): above the times measured on an H100 or H200 where
+# the docstring gives one (GPU tests, notebooks, nbval, lane, profiles), a generous guess for the
+# rest. A stage with less time left than this waits for the next sitting instead of being killed.
 STAGE_SECONDS = {"doctor": 30, "check": 120, "gpu-tests": 180, "grade-solutions": 120, "grade-stubs": 60,
                  **{tool: SANITIZER_SECONDS for tool in ("memcheck", "initcheck", "racecheck", "synccheck")},
                  "lane-solutions": 180, "lane-stubs": 120, "results": 30, "profile": 90, "notebooks": 270,

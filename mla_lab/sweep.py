@@ -270,8 +270,8 @@ def plan(step_keys: Iterable[int | str] | None = None, shape_names: Iterable[str
 def whole_sweep_of_these_sources(device: str) -> Path | None:
     """results/<device>.json, where it holds a sweep of this checkout's sources (a resumed sweep
     that finished has nothing left to go on with)."""
-    path = sweep_path_for({"device": device})
-    return path if path.exists() and Sweep.load(path).meta["sources"] == sources_fingerprint() else None
+    record = of_device(device)
+    return sweep_path_for(record.meta) if record and record.meta["sources"] == sources_fingerprint() else None
 
 
 def _write_checkpoint(path: Path, sweep: Sweep, measured: dict) -> None:

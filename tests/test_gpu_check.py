@@ -4,7 +4,14 @@ what waits on a sweep cut short waits for the next sitting. The stages here are 
 
 import sys
 
+import pytest
+
 from mla_lab import gpu_check
+
+
+@pytest.fixture(autouse=True)
+def logs(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_LAB_LOGS", str(tmp_path))
 
 
 def stand_in(code: int, said: str = "done") -> list[str]:
@@ -13,7 +20,6 @@ def stand_in(code: int, said: str = "done") -> list[str]:
 
 
 def test_a_sweep_cut_short_leaves_the_rest_of_its_part_for_the_next_sitting(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MLA_LAB_LOGS", str(tmp_path))
     monkeypatch.setattr(gpu_check, "STAGE_SECONDS", {"results": 30, "notebooks": 270})
     monkeypatch.setattr(gpu_check, "PARTS", {"results": [
         ("bench", stand_in(gpu_check.CUT_SHORT, "stopped after 470 s with 39 of 40 points"), {}),
@@ -31,7 +37,6 @@ def test_a_sweep_cut_short_leaves_the_rest_of_its_part_for_the_next_sitting(monk
 
 
 def test_a_stage_that_might_not_end_in_the_sitting_does_not_start(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MLA_LAB_LOGS", str(tmp_path))
     monkeypatch.setattr(gpu_check, "STAGE_SECONDS", {"results": 30, "notebooks": 270})
     monkeypatch.setattr(gpu_check, "PARTS", {"results": [("results", stand_in(0), {}), ("notebooks", stand_in(0), {})]})
     assert gpu_check.run(["results"], sitting=200) == 1
@@ -41,7 +46,6 @@ def test_a_stage_that_might_not_end_in_the_sitting_does_not_start(monkeypatch, t
 
 
 def test_without_a_sitting_every_stage_runs_as_before(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MLA_LAB_LOGS", str(tmp_path))
     monkeypatch.setattr(gpu_check, "PARTS", {"results": [("bench", stand_in(0), {}), ("notebooks", stand_in(0), {})]})
     assert gpu_check.run(["results"]) == 0
     assert "--stop-after" not in (tmp_path / "results-bench.log").read_text()
