@@ -222,3 +222,18 @@ def test_every_time_a_notebook_quotes_is_printed_by_its_checked_cells_or_was_pre
         if cell["cell_type"] == "markdown" and "**Prediction" not in source:
             unprinted = [n for n in _QUOTED.findall(source) if n not in printed]
             assert not unprinted, f"{path.name}, cell {index} quotes {unprinted}, which no checked cell printed"
+
+
+def test_a_target_is_met_only_when_the_steps_slow_end_beats_it():
+    """A median 2 % ahead of cuBLAS with a p90 behind it is inside the run-to-run spread: not met."""
+    def timed(name, median, p90):
+        return sweep.Result(name, "v3@16384", 16384, "bf16", "graph", "ok", median_us=median, p10_us=median,
+                            p90_us=p90, rel_error=2e-3)
+
+    def met(step_p90):
+        record = sweep.Sweep({}, [timed("step 6 (hopper)", 1079.0, step_p90), timed("cuBLAS concat", 1100.0, 1140.0),
+                                  timed("eager", 1840.0, 1900.0)])
+        return next(t for t in sweep.targets(record) if t.goal == "v3@16384 bf16: best step >= 1.0x cuBLAS concat").met
+
+    assert met(1090.0) is True
+    assert met(1110.0) is False
