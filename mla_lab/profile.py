@@ -8,7 +8,8 @@ read hardware counters (most rented GPUs refuse them: ERR_NVGPUCTRPERM) or have 
 
 A step's call may launch several kernels (step 11: two; steps 9 and 10: a transpose, then two
 GEMMs): times and bytes are summed over them, rates weighted by each kernel's time, registers and
-shared memory the largest. `moved` says in one sentence what changed from one step to the next.
+shared memory the largest; each kernel's own time is kept too, in launch order, so that a call that
+got slower says which of its kernels did (ncu runs them one after another, with no overlap). `moved` says in one sentence what changed from one step to the next.
 """
 
 from __future__ import annotations
@@ -88,11 +89,11 @@ def split_calls(kernels: list[tuple[str, dict[str, float]]]) -> list[list[dict[s
     return calls
 
 
-def summarize(kernels: list[dict[str, float]]) -> dict[str, float]:
+def summarize(kernels: list[dict[str, float]]) -> dict[str, float | list[float]]:
     """One call's profile from its kernels' metrics (see the module's docstring for how they combine)."""
     times = [k.get(METRICS["duration_us"][0], 0.0) for k in kernels]
     total = sum(times) or 1.0
-    summary: dict[str, float] = {"kernels": float(len(kernels))}
+    summary: dict[str, float | list[float]] = {"kernels": float(len(kernels)), "kernel_us": times}
     for field, (metric, how) in METRICS.items():
         values = [k.get(metric, 0.0) for k in kernels]
         if how == "sum":
@@ -252,14 +253,16 @@ def store(device: str, verdicts: dict[tuple[int, str], dict[str, float] | str]) 
     return path
 
 
-def describe(summary: dict[str, float]) -> str:
+def describe(summary: dict) -> str:
     """A stored summary in words and units a learner reads at a glance."""
     hit = summary["l2_hit_pct"]
     # A hit rate past 100 % is ncu's hits and lookups counted on different replays of a short call.
     l2 = f"L2 hit {hit:.0f} %" + (" (counts from different replays disagree: unreliable)" if hit > 100 else "")
     stalls = ", ".join(f"{name[len('stall '):]} {value:.1f}" for name, value in summary.items() if name.startswith("stall "))
     kernels = int(summary["kernels"])
-    return (f"{summary['duration_us']:,.1f} µs in {kernels} kernel{'s' if kernels > 1 else ''}; DRAM "
+    each = " + ".join(f"{t:,.1f}" for t in summary.get("kernel_us", []))  # profiles stored before it lack it
+    each = f" ({each})" if kernels > 1 and each else ""
+    return (f"{summary['duration_us']:,.1f} µs in {kernels} kernel{'s' if kernels > 1 else ''}{each}; DRAM "
             f"{summary['dram_read_bytes'] / 1e6:,.2f} MB read, {summary['dram_write_bytes'] / 1e6:,.2f} MB written; "
             f"{l2}; occupancy {summary['occupancy_pct']:.0f} %; {summary['registers']:.0f} registers a thread, "
             f"{summary['shared_bytes'] / 1024:,.0f} KiB shared a block; tensor pipe {summary['tensor_pipe_pct']:.0f} %, "

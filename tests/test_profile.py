@@ -43,6 +43,7 @@ def test_ncu_csv_becomes_one_summary_per_call():
     assert len(first) == 2 and first[1]["gpu__time_duration.sum"] == 7.55 and len(second) == 1
     summary = profile.summarize(first)
     assert summary["kernels"] == 2 and round(summary["duration_us"], 2) == 14.37
+    assert summary["kernel_us"] == [6.82, 7.55]
     assert round(summary["dram_read_bytes"]) == 6_300_000 and summary["registers"] == 48
     assert round(summary["tensor_pipe_pct"], 2) == round((2.0 * 6.82 + 4.0 * 7.55) / 14.37, 2)
     assert list(k for k in summary if k.startswith("stall"))[0] == "stall long_scoreboard"
@@ -71,6 +72,8 @@ def test_a_refusal_is_named_in_one_line():
 def test_a_summary_reads_in_words_and_an_impossible_hit_rate_is_flagged():
     summary = profile.summarize(profile.split_calls(profile.parse(PLANTED))[0])
     words = profile.describe(summary)
-    assert words.startswith("14.4 µs in 2 kernels; DRAM 6.30 MB read") and "top stalls (cycles per issue): long_scoreboard" in words
+    assert words.startswith("14.4 µs in 2 kernels (6.8 + 7.5); DRAM 6.30 MB read") and "top stalls (cycles per issue): long_scoreboard" in words
     assert "unreliable" not in words
     assert "L2 hit 119 % (counts from different replays disagree: unreliable)" in profile.describe({**summary, "l2_hit_pct": 118.9})
+    stored_before_kernel_times = {k: v for k, v in summary.items() if k != "kernel_us"}
+    assert profile.describe(stored_before_kernel_times).startswith("14.4 µs in 2 kernels; DRAM")
