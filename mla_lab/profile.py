@@ -9,7 +9,8 @@ read hardware counters (most rented GPUs refuse them: ERR_NVGPUCTRPERM) or have 
 A step's call may launch several kernels (step 11: two; steps 9 and 10: a transpose, then two
 GEMMs): times and bytes are summed over them, rates weighted by each kernel's time, registers and
 shared memory the largest; each kernel's own time is kept too, in launch order, so that a call that
-got slower says which of its kernels did (ncu runs them one after another, with no overlap). `moved` says in one sentence what changed from one step to the next.
+got slower says which of its kernels did (ncu runs them one after another, with no overlap).
+`moved` says in one sentence what changed from one step to the next.
 """
 
 from __future__ import annotations
