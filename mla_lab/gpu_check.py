@@ -75,7 +75,7 @@ STAGE_SECONDS = {"doctor": 30, "check": 120, "gpu-tests": 180, "grade-solutions"
                  "lane-solutions": 180, "lane-stubs": 120, "results": 30, "profile": 90, "notebooks": 270,
                  "nbval": 240}
 # The sweep's longest point (V3 at 16384 tokens) with room to spare: a sitting's sweep starts no
-# point later than this before the sitting ends.
+# point later than this before the sitting ends. A sweep's record keeps each point's seconds.
 LONGEST_POINT_SECONDS = 100
 CUT_SHORT = 3  # bench's exit code when --stop-after ended it between points
 

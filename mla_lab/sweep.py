@@ -202,9 +202,10 @@ def run(
     checkpoint already there from the same GPU model, sources and plan (steps, shapes, dtypes,
     modes, peers) is taken up where it stopped: a sweep that a time limit cut short goes on in the
     next sitting. Each point is still measured whole in one process, its contenders beside each
-    other; the record lists its sittings, each with its own date, ceilings and points. With
-    `stop_after_s`, no point starts after that many seconds: the sitting ends with SweepCutShort,
-    its points kept in the checkpoint, rather than under a time limit that kills a point half-done."""
+    other; the record lists its sittings, each with its own date, ceilings, points and seconds a
+    point. With `stop_after_s`, no point starts after that many seconds: the sitting ends with
+    SweepCutShort, its points kept in the checkpoint, rather than under a time limit that kills a
+    point half-done."""
     measured = plan(step_keys, shape_names, dtype_names, modes, peers)
     chosen_steps, chosen_shapes = [steps.get(n) for n in measured["steps"]], measured["shapes"]
     for name in chosen_shapes:
@@ -215,7 +216,9 @@ def run(
     started = time.monotonic()
     ceilings = bench.measure_ceilings()
     meta = device_meta(command, ceilings)
-    sitting = {"date": meta["date"], "ceilings": ceilings, "gpu_state": meta.get("gpu_state", {}), "points": []}
+    # Each point's seconds (checks, captures, timing), beside its name: what a sitting can fit.
+    sitting = {"date": meta["date"], "ceilings": ceilings, "gpu_state": meta.get("gpu_state", {}), "points": [],
+               "seconds": []}
     sweep = _taken_up(checkpoint, meta, measured, say) if resume else None
     if sweep is None:
         sweep = Sweep({**meta, "sittings": []})
@@ -235,11 +238,13 @@ def run(
         progress_bar = round(20 * (index - 1) / len(points))
         say(f"[{'#' * progress_bar}{'.' * (20 - progress_bar)}] {index}/{len(points)} {shape_name} {dtype_name}: "
             f"{shape.label()}")
+        point_started = time.perf_counter()
         sweep.results += _measure_point(
             shape_name, shape, dtype_name, dtype, chosen_steps, kernels, peers, modes, compiled,
             ceilings, budget_s, seed=index,
         )
         sitting["points"].append(f"{shape_name} {dtype_name}")
+        sitting["seconds"].append(round(time.perf_counter() - point_started, 1))
         torch.cuda.empty_cache()
         if checkpoint is not None:
             _write_checkpoint(checkpoint, sweep, measured)

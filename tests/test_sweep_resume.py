@@ -58,6 +58,7 @@ def test_a_sweep_cut_short_goes_on_where_it_stopped(tmp_path, fake_gpu):
         (shape, dtype, float(seed)) for seed, (shape, dtype) in
         enumerate(((s, d) for s in SHAPES for d in ("fp32", "bf16")), 1)]  # each point's own seed, as in one sitting
     assert [s["points"] for s in record.meta["sittings"]] == [first, ["v2_lite@5 fp32", "v2_lite@5 bf16"]]
+    assert [len(s["seconds"]) for s in record.meta["sittings"]] == [4, 2]  # each point's own time
     assert record.meta["date"] == "2026-12-01T00:00:00+00:00"
     assert "in 2 sittings (2026-12-01, 2026-12-02)" in sweep._sittings_phrase(record.meta)
 
