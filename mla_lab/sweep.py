@@ -230,7 +230,8 @@ def run(
     for index, (shape_name, dtype_name) in enumerate(points, 1):
         if f"{shape_name} {dtype_name}" in done:
             continue
-        if stop_after_s is not None and time.monotonic() - started > stop_after_s:
+        point_started = time.monotonic()
+        if stop_after_s is not None and point_started - started > stop_after_s:
             measured_now = len(done) + len(sitting["points"])
             raise SweepCutShort(f"stopped after {stop_after_s:.0f} s with {measured_now} of {len(points)} points "
                                 f"measured, kept in {checkpoint}: run it again with --resume to go on")
@@ -238,13 +239,12 @@ def run(
         progress_bar = round(20 * (index - 1) / len(points))
         say(f"[{'#' * progress_bar}{'.' * (20 - progress_bar)}] {index}/{len(points)} {shape_name} {dtype_name}: "
             f"{shape.label()}")
-        point_started = time.perf_counter()
         sweep.results += _measure_point(
             shape_name, shape, dtype_name, dtype, chosen_steps, kernels, peers, modes, compiled,
             ceilings, budget_s, seed=index,
         )
         sitting["points"].append(f"{shape_name} {dtype_name}")
-        sitting["seconds"].append(round(time.perf_counter() - point_started, 1))
+        sitting["seconds"].append(round(time.monotonic() - point_started, 1))
         torch.cuda.empty_cache()
         if checkpoint is not None:
             _write_checkpoint(checkpoint, sweep, measured)

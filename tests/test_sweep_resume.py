@@ -1,6 +1,8 @@
 """A sweep cut short goes on from its checkpoint: the points measured are kept, only the others
 are measured in the next sitting, and a checkpoint of other sources or another plan is not taken up."""
 
+import json
+
 import pytest
 
 from mla_lab import bench, sweep
@@ -93,10 +95,12 @@ def test_a_sitting_with_a_budget_stops_between_points_and_the_next_goes_on(tmp_p
     clock = iter(range(0, 1000, 10))  # each look at the clock: 10 s later
     monkeypatch.setattr(sweep.time, "monotonic", lambda: next(clock))
     checkpoint = tmp_path / "fake.json"
-    with pytest.raises(sweep.SweepCutShort, match="with 2 of 6 points measured"):
+    with pytest.raises(sweep.SweepCutShort, match="with 2 of 6 points measured"):  # looks at 10, 30, 50 s
         sweep.run([1], SHAPES, ["fp32", "bf16"], ["graph"], peers=[], checkpoint=checkpoint, resume=True,
-                  progress=lambda line: None, stop_after_s=25)
+                  progress=lambda line: None, stop_after_s=45)
     assert fake_gpu["measured"] == ["toy fp32", "toy bf16"]
+    cut_short = json.loads(checkpoint.read_text())["meta"]["sittings"]
+    assert cut_short[0]["seconds"] == [10.0, 10.0]  # each point from its start to its end, on the one clock
     record = sweep_in(checkpoint, resume=True)
     assert len(record.results) == 6 and len(fake_gpu["measured"]) == 6
 
