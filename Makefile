@@ -1,7 +1,7 @@
 # Each target is one line of real work; see README.md.
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
-.PHONY: setup lab test gpu-check gpu-validate gpu-lane gpu-results profile sass exercises notebooks bench results
+.PHONY: setup lab test gpu-check gpu-validate gpu-lane gpu-results gpu-candidates profile sass exercises notebooks bench results
 
 .venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once: torch, then nvcc's wheels of torch's CUDA
 	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && .venv/bin/python -m mla_lab toolkit install && touch $@
@@ -28,6 +28,9 @@ gpu-lane:  # the sanitizer lane (python -m mla_lab grade exNN --sanitize) over e
 
 gpu-results:  # its last part: the sweep into results/, the README table and plots, the stored profiles, every notebook executed, nbval
 	$(PYTHON) -m mla_lab gpu-check results $(SITTING_FLAG)
+
+gpu-candidates:  # each prepared change in kernels/candidates/ applied to its step, checked, timed beside it, eager and cuBLAS, and kept or rejected by its own rule
+	$(PYTHON) -m mla_lab candidates
 
 profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096 (both dtypes) and 1 and 16 bf16 decode tokens, into results/profiles/
 	$(PYTHON) -m mla_lab profile

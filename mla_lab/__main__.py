@@ -1,4 +1,4 @@
-"""python -m mla_lab doctor | toolkit | check | grade | hint | exercises | bench | results | sass | ab | gpu-check | kernelbench | notebooks"""
+"""python -m mla_lab doctor | toolkit | check | grade | hint | exercises | bench | results | sass | ab | candidates | gpu-check | kernelbench | notebooks"""
 
 from __future__ import annotations
 
@@ -207,6 +207,24 @@ def ab(args: argparse.Namespace) -> int:
     return 0
 
 
+def candidates(args: argparse.Namespace) -> int:
+    from . import candidates as prepared
+
+    if args.list:
+        for c in prepared.all_candidates(args.names):
+            with prepared.applied(c):
+                pass
+            print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; "
+                  f"kept if {c.keep_gain_us:g} µs faster at {c.keep_point} and slower nowhere")
+        return 0
+    from .bench import device_line
+
+    outcomes = prepared.run(args.names)
+    print(f"{device_line()}; graph replay, median µs (p10-p90), each checked against float64 first\n")
+    print(prepared.report(outcomes))
+    return 0
+
+
 def gpu_check(args: argparse.Namespace) -> int:
     from . import build
     from .gpu_check import PARTS, run
@@ -321,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
                    "tokens to prefill at the three real widths, in --dtype)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.set_defaults(run=ab)
+
+    p = sub.add_parser("candidates", help="each prepared change in kernels/candidates/ beside its step, checked, timed and "
+                       "kept or rejected by its own rule (GPU; --list: CPU)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="candidates by file stem, such as 12_bf16_latent (default: all)")
+    p.add_argument("--list", action="store_true", help="only read each candidate and apply it to its step (CPU)")
+    p.set_defaults(run=candidates)
 
     p = sub.add_parser("gpu-check", help="the whole GPU validation, ending with a table (GPU; see mla_lab/gpu_check.py)")
     p.add_argument("parts", nargs="*", choices=["validate", "lane", "results"], help="default: all three")

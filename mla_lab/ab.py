@@ -137,34 +137,51 @@ def parse_point(name: str):
 def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
     """Check, then time, the step at REV (a commit, or a file holding its older source) and here at
     each point. Every argument is checked before a GPU is asked for."""
+    step, parsed = step_and_points(step_key, points)
+    with built(step, rev) as before:
+        return compare(before, steps.load(step), parsed)
+
+
+def step_and_points(step_key: int | str, points: list[str]) -> tuple[steps.Step, list[tuple]]:
+    """The step and each point as (name, shape, dtype), or ABProblem naming what is wrong."""
     try:
         step = steps.get(step_key)
     except (KeyError, ValueError) as unknown:
         raise ABProblem(str(unknown)) from None
-    parsed = [(name, *parse_point(name)) for name in points]
-    rows = []
-    with older_source(rev, step) as (source, arch_flags, defines):
+    return step, [(name, *parse_point(name)) for name in points]
+
+
+@contextlib.contextmanager
+def built(step: steps.Step, source: str):
+    """The step as SOURCE has it (a commit, or a file holding a form of its .cu), built into a
+    library of its own and loaded; the GPU is asked for only once SOURCE is found."""
+    with older_source(source, step) as (path, arch_flags, defines):
         build.require_gpu()
-        library = build.build_step(source, f"mla_ab_{step.number:02d}_{step.name}_{label_of(rev)}", arch_flags, defines)
-        before, after = steps.Kernel(step, source, library), steps.load(step)
-        both_prepare = before.prepares_weights and after.prepares_weights
-        for name, shape, dtype in parsed:
-            # Steps that keep a layout of their own (fp32 only) are timed as inference calls them too.
-            prepared = both_prepare and dtype == torch.float32
-            suffixes = ("", sweep.PREPARED_SUFFIX) if prepared else ("",)
-            ways = {**sweep.ways_to_call("before", before, prepared), **sweep.ways_to_call("after", after, prepared)}
-            contenders = {side + s: ways[side + s] for s in suffixes for side in ("before", "after")}
-            timings = {t.name: t for t in bench.compare(contenders, shape, dtype, "graph")}
-            # Each pair popped in turn; what stays in timings, and in every row, is the peers.
-            rows += [Row(name + s, timings.pop("before" + s), timings.pop("after" + s), timings) for s in suffixes]
+        library = build.build_step(path, f"mla_ab_{step.number:02d}_{step.name}_{label_of(source)}", arch_flags, defines)
+        yield steps.Kernel(step, path, library)
+
+
+def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple]) -> list[Row]:
+    """Both forms checked, then timed beside eager and cuBLAS, at each (name, shape, dtype)."""
+    rows = []
+    both_prepare = before.prepares_weights and after.prepares_weights
+    for name, shape, dtype in parsed:
+        # Steps that keep a layout of their own (fp32 only) are timed as inference calls them too.
+        prepared = both_prepare and dtype == torch.float32
+        suffixes = ("", sweep.PREPARED_SUFFIX) if prepared else ("",)
+        ways = {**sweep.ways_to_call("before", before, prepared), **sweep.ways_to_call("after", after, prepared)}
+        contenders = {side + s: ways[side + s] for s in suffixes for side in ("before", "after")}
+        timings = {t.name: t for t in bench.compare(contenders, shape, dtype, "graph")}
+        # Each pair popped in turn; what stays in timings, and in every row, is the peers.
+        rows += [Row(name + s, timings.pop("before" + s), timings.pop("after" + s), timings) for s in suffixes]
     return rows
 
 
-def table(rows: list[Row], rev: str) -> str:
+def table(rows: list[Row], before: str, after: str = "this checkout") -> str:
     def cell(t: bench.Timing) -> str:
         return f"{t.median_us:,.1f} ({t.low_us:,.1f}-{t.high_us:,.1f})"
 
-    lines = [f"| point | {rev} µs | this checkout µs | cuBLAS concat µs | eager µs | new / old | |",
+    lines = [f"| point | {before} µs | {after} µs | cuBLAS concat µs | eager µs | new / old | |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         peer = {name: f"{t.median_us:,.1f}" for name, t in r.peers.items()}

@@ -1,0 +1,162 @@
+"""A step's next change, prepared on the CPU, kept or rejected by one GPU run.
+
+A candidate is a patch against its step's source, `kernels/candidates/NN_what.patch` (NN: the
+step). The text above its diff says what it changes, why, and what it predicts, and ends with the
+two lines read here:
+
+    Points: v2_lite@1 bf16, v2_lite@16 bf16, v3_tp8@1 bf16
+    Keep: 0.2 us faster at v2_lite@16 bf16
+
+`python -m mla_lab candidates` (`make gpu-candidates`, on a GPU) applies each patch to a copy of
+this checkout's step, then checks it against float64 and times it beside the step as it stands,
+eager and cuBLAS, at its points, in one process (`mla_lab.ab`). Its rule, written before the run,
+then keeps it where its median is at least that much lower at that point and it is slower
+(outside the spread) at none of its points, and rejects it otherwise, or where it is wrong. A kept
+candidate becomes the step (`git apply kernels/candidates/NAME.patch`, then `make gpu-results`); a
+rejected one becomes a line in the step's notes, and its patch is deleted. The tests apply every
+patch and compile the result with nvcc, so a candidate that no longer fits its step fails there,
+not on the GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import ab, steps
+
+CANDIDATES_DIR = steps.KERNELS_DIR / "candidates"
+FIELD = re.compile(r"^(Points|Keep): *(.*)$", re.M)
+KEEP = re.compile(r"^(?P<gain>\d+(?:\.\d+)?) us faster at (?P<point>.+)$")
+TARGET = re.compile(r"^\+\+\+ b/(\S+)", re.M)
+
+
+class CandidateProblem(ab.ABProblem):
+    """A candidate that cannot be read or applied: one line naming the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: Path
+    step: steps.Step
+    target: str  # the step's source, as the patch names it (kernels/12_weight_stream.cu)
+    points: tuple[str, ...]
+    keep_point: str
+    keep_gain_us: float
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @classmethod
+    def load(cls, path: Path) -> Candidate:
+        text = path.read_text()
+        header = text[:text.find("\n--- ")] if "\n--- " in text else text
+
+        def problem(what: str) -> CandidateProblem:
+            return CandidateProblem(f"{path.name}: {what}")
+
+        try:
+            step = steps.get(int(path.name[:2]))
+        except (KeyError, ValueError):
+            raise problem("its name must begin with the step's number, as in 12_what.patch") from None
+        fields = dict(FIELD.findall(header))
+        if set(fields) != {"Points", "Keep"}:
+            raise problem('above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT"')
+        points = tuple(p.strip() for p in fields["Points"].split(","))
+        for point in points:
+            ab.parse_point(point)
+        keep = KEEP.match(fields["Keep"].strip())
+        if keep is None or keep["point"] not in points:
+            raise problem('its rule must read "Keep: X us faster at POINT", POINT one of its Points')
+        targets = set(TARGET.findall(text))
+        expected = str(step.source().relative_to(steps.REPO))
+        if targets != {expected}:
+            raise problem(f"it must patch {expected} (as b/{expected}) and nothing else; it patches {sorted(targets)}")
+        return cls(path, step, expected, points, keep["point"], float(keep["gain"]))
+
+
+def all_candidates(names: list[str] | None = None) -> list[Candidate]:
+    """Every candidate in kernels/candidates/, or those NAMES (file stems) in that order."""
+    found = {path.stem: path for path in sorted(CANDIDATES_DIR.glob("*.patch"))}
+    if names:
+        unknown = [n for n in names if n not in found]
+        if unknown:
+            raise CandidateProblem(f"no candidate {', '.join(unknown)}; kernels/candidates/ holds "
+                                   f"{', '.join(found) or 'none'}")
+        return [Candidate.load(found[n]) for n in names]
+    return [Candidate.load(path) for path in found.values()]
+
+
+@contextlib.contextmanager
+def applied(candidate: Candidate):
+    """Yield the step's source with the patch applied, in a folder outside the checkout (so that
+    git applies it there, as patch would, not to this checkout); the folder goes afterwards."""
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / candidate.target
+        target.parent.mkdir(parents=True)
+        shutil.copyfile(steps.REPO / candidate.target, target)
+        # git looks no higher than the folder for a repository.
+        environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(folder).parent)}
+        result = subprocess.run(["git", "apply", str(candidate.path.resolve())], cwd=folder, env=environment,
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            said = result.stderr.strip().splitlines()
+            raise CandidateProblem(f"{candidate.path.name} does not apply to {candidate.target} as it is now "
+                                   f"({said[0] if said else 'git apply failed'}): make it again against this source")
+        yield target
+
+
+@dataclass
+class Outcome:
+    candidate: Candidate
+    rows: list[ab.Row]
+    kept: bool
+    why: str
+
+
+def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
+    """The candidate's own rule: at least its gain at its point, by the medians, and slower at none."""
+    slower = [r.point for r in rows if r.verdict == "slower"]
+    row = next(r for r in rows if r.point == candidate.keep_point)
+    gain = row.before.median_us - row.after.median_us
+    rule = f"{candidate.keep_gain_us:g} µs asked at {candidate.keep_point}"
+    if slower:
+        return Outcome(candidate, rows, False, f"rejected: slower at {', '.join(slower)} ({gain:+.2f} µs; {rule})")
+    if gain < candidate.keep_gain_us:
+        return Outcome(candidate, rows, False, f"rejected: {gain:.2f} µs faster ({rule}), slower nowhere")
+    return Outcome(candidate, rows, True, f"kept: {gain:.2f} µs faster ({rule}), slower nowhere")
+
+
+def run(names: list[str] | None = None) -> list[Outcome]:
+    """Each candidate applied, built, checked and timed beside its step as it stands, then judged.
+    Every candidate is read and applied before a GPU is asked for."""
+    chosen = all_candidates(names)
+    for candidate in chosen:
+        with applied(candidate):  # raises, naming it, where it no longer applies
+            pass
+    outcomes = []
+    for candidate in chosen:
+        _, parsed = ab.step_and_points(candidate.step.number, list(candidate.points))
+        with applied(candidate) as source, ab.built(candidate.step, str(source)) as after:
+            try:
+                rows = ab.compare(steps.load(candidate.step), after, parsed)
+            except AssertionError as wrong:  # bench.compare's check against float64
+                outcomes.append(Outcome(candidate, [], False, f"rejected: {wrong}"))
+                continue
+        outcomes.append(judge(candidate, rows))
+    return outcomes
+
+
+def report(outcomes: list[Outcome]) -> str:
+    parts = []
+    for o in outcomes:
+        table = ab.table(o.rows, f"step {o.candidate.step.number}", o.candidate.name) if o.rows else ""
+        parts.append("\n".join(filter(None, [f"## {o.candidate.path.name}", table, f"**{o.why}**"])))
+    return "\n\n".join(parts)

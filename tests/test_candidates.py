@@ -1,0 +1,121 @@
+"""`kernels/candidates/`: changes prepared for a step, each applied and compiled here, and judged on
+a GPU by the rule written in it (mla_lab.candidates)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mla_lab import ab, bench, build, candidates, steps
+from tests.test_kernel_sources import nvcc
+
+CANDIDATES = sorted(candidates.CANDIDATES_DIR.glob("*.patch"))
+STEP_12 = "kernels/12_weight_stream.cu"
+
+
+@pytest.mark.parametrize("path", CANDIDATES, ids=lambda p: p.stem)
+def test_every_candidate_applies_to_its_step_as_it_is_and_compiles(path):
+    nvcc()  # fails in CI, skips elsewhere, where there is no nvcc
+    candidate = candidates.Candidate.load(path)
+    with candidates.applied(candidate) as source:
+        changed = source.read_text()
+        assert changed != candidate.step.source().read_text()
+        with ab.older_source(str(source), candidate.step) as (beside, arch_flags, defines):
+            ok, report = build.compile_report(beside, arch_flags, defines)
+    assert ok, f"{path.name} applies but does not compile: {report}"
+    assert "0 bytes of spills" in report, report
+    assert (steps.REPO / candidate.target).read_text() != changed  # applied to a copy, not to the checkout
+
+
+def write_candidate(folder, name, header, body):
+    path = folder / name
+    path.write_text(header + "\n" + body)
+    return path
+
+
+def diff_of(old_line, new_line):
+    """A one-line change to step 12's source, as a unified diff that git applies."""
+    lines = (steps.REPO / STEP_12).read_text().splitlines()
+    at = lines.index(old_line)
+    after = "".join(f" {line}\n" for line in lines[at + 1:at + 3])  # context: git wants some
+    return f"--- a/{STEP_12}\n+++ b/{STEP_12}\n@@ -{at + 1},3 +{at + 1},3 @@\n-{old_line}\n+{new_line}\n{after}"
+
+
+FIRST_LINE = (steps.REPO / STEP_12).read_text().splitlines()[0]
+RULE = "Points: v2_lite@1 bf16, v2_lite@16 bf16\nKeep: 0.2 us faster at v2_lite@16 bf16\n"
+
+
+def test_a_candidate_is_applied_to_a_copy_of_its_step(tmp_path):
+    path = write_candidate(tmp_path, "12_try.patch", "What and why.\n\n" + RULE, diff_of(FIRST_LINE, "// changed"))
+    candidate = candidates.Candidate.load(path)
+    assert (candidate.step.number, candidate.points) == (12, ("v2_lite@1 bf16", "v2_lite@16 bf16"))
+    assert (candidate.keep_point, candidate.keep_gain_us, candidate.target) == ("v2_lite@16 bf16", 0.2, STEP_12)
+    with candidates.applied(candidate) as source:
+        assert source.read_text().splitlines()[0] == "// changed"
+    assert not source.exists()
+    assert (steps.REPO / STEP_12).read_text().splitlines()[0] == FIRST_LINE
+
+
+@pytest.mark.parametrize("name, header, body, said", [
+    ("12_stale.patch", RULE, diff_of(FIRST_LINE, "// x").replace(FIRST_LINE, "// a line that is not there"),
+     "12_stale.patch does not apply to kernels/12_weight_stream.cu as it is now"),
+    ("12_norule.patch", "Points: v2_lite@16 bf16\n", diff_of(FIRST_LINE, "// x"),
+     '12_norule.patch: above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT"'),
+    ("12_far.patch", "Points: v2_lite@1 bf16\nKeep: 0.2 us faster at v2_lite@16 bf16\n", diff_of(FIRST_LINE, "// x"),
+     '12_far.patch: its rule must read "Keep: X us faster at POINT", POINT one of its Points'),
+    ("12_point.patch", "Points: v2_lite@7 bf16\nKeep: 0.2 us faster at v2_lite@7 bf16\n", diff_of(FIRST_LINE, "// x"),
+     "'v2_lite@7 bf16' is not a sweep point"),
+    ("11_other.patch", RULE, diff_of(FIRST_LINE, "// x"),
+     "11_other.patch: it must patch solutions/11_decode.cu"),
+    ("try.patch", RULE, diff_of(FIRST_LINE, "// x"), "try.patch: its name must begin with the step's number"),
+])
+def test_a_candidate_that_cannot_be_read_or_applied_says_so_in_one_line(tmp_path, name, header, body, said):
+    path = write_candidate(tmp_path, name, header, body)
+    with pytest.raises(ab.ABProblem) as problem:
+        with candidates.applied(candidates.Candidate.load(path)):
+            pass
+    assert str(problem.value).startswith(said) and "\n" not in str(problem.value)
+
+
+def timing(median, spread=0.1):
+    return bench.Timing("k", "graph", median, median - spread, median + spread, 100, 0)
+
+
+@pytest.mark.parametrize("at_16, at_1, kept, why", [
+    (11.4, 7.7, True, "kept: 0.30 µs faster (0.2 µs asked at v2_lite@16 bf16), slower nowhere"),
+    (11.55, 7.7, False, "rejected: 0.15 µs faster (0.2 µs asked at v2_lite@16 bf16), slower nowhere"),
+    (11.0, 8.2, False, "rejected: slower at v2_lite@1 bf16 (+0.70 µs; 0.2 µs asked at v2_lite@16 bf16)"),
+])
+def test_the_rule_keeps_a_candidate_only_at_its_gain_and_slower_nowhere(tmp_path, at_16, at_1, kept, why):
+    candidate = candidates.Candidate.load(write_candidate(tmp_path, "12_try.patch", RULE, diff_of(FIRST_LINE, "// x")))
+    rows = [ab.Row("v2_lite@1 bf16", timing(7.7), timing(at_1), {}), ab.Row("v2_lite@16 bf16", timing(11.7), timing(at_16), {})]
+    outcome = candidates.judge(candidate, rows)
+    assert (outcome.kept, outcome.why) == (kept, why)
+    assert f"**{why}**" in candidates.report([outcome])
+    assert "| point | step 12 µs | 12_try µs |" in candidates.report([outcome])
+
+
+def test_the_list_reads_and_applies_every_candidate_without_a_gpu():
+    result = subprocess.run([sys.executable, "-m", "mla_lab", "candidates", "--list"], cwd=steps.REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(", applies; at ") == len(CANDIDATES)
+
+
+def test_an_unknown_candidate_is_one_line_naming_those_there_are():
+    result = subprocess.run([sys.executable, "-m", "mla_lab", "candidates", "12_nothing"], cwd=steps.REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.startswith("mla_lab: no candidate 12_nothing; kernels/candidates/ holds")
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.gpu
+def test_a_candidate_is_checked_timed_beside_its_step_and_judged(tmp_path, monkeypatch):
+    """A comment-only candidate: the same machine code, so the rule's 5 µs is never met."""
+    write_candidate(tmp_path, "12_same.patch", "Points: v2_lite@1 bf16\nKeep: 5 us faster at v2_lite@1 bf16\n",
+                    diff_of(FIRST_LINE, "// the same kernel"))
+    monkeypatch.setattr(candidates, "CANDIDATES_DIR", tmp_path)
+    [outcome] = candidates.run()
+    assert [r.point for r in outcome.rows] == ["v2_lite@1 bf16"] and not outcome.kept
+    assert {"eager", "cuBLAS concat"} <= set(outcome.rows[0].peers)
+    assert outcome.why.startswith("rejected: ")
