@@ -8,8 +8,9 @@ two lines read here:
     Keep: 0.2 us faster at v2_lite@16 bf16
 
 `python -m mla_lab candidates` (`make gpu-candidates`, on a GPU) applies each patch to a copy of
-this checkout's step, then checks it against float64 and times it beside the step as it stands,
-eager and cuBLAS, at its points, in one process (`mla_lab.ab`). Its rule, written before the run,
+this checkout's step and checks it on the whole shape matrix (float64 reference, odd shapes,
+NaN-poisoned outputs, fresh inputs), then checks and times it beside the step as it stands, eager
+and cuBLAS, at its points, in one process (`mla_lab.ab`). Its rule, written before the run,
 then keeps it where its median is at least that much lower at that point and it is slower
 (outside the spread) at none of its points, and rejects it otherwise, or where it is wrong. A kept
 candidate becomes the step (`git apply kernels/candidates/NAME.patch`, then `make gpu-results`); a
@@ -29,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ab, steps
+from . import ab, check, steps, sweep
 
 CANDIDATES_DIR = steps.KERNELS_DIR / "candidates"
 FIELD = re.compile(r"^(Points|Keep): *(.*)$", re.M)
@@ -126,12 +127,12 @@ def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
     slower = [r.point for r in rows if r.verdict == "slower"]
     row = next(r for r in rows if r.point == candidate.keep_point)
     gain = row.before.median_us - row.after.median_us
-    rule = f"{candidate.keep_gain_us:g} µs asked at {candidate.keep_point}"
+    gained = f"{gain:+.2f} µs at {candidate.keep_point}, {candidate.keep_gain_us:g} asked"
     if slower:
-        return Outcome(candidate, rows, False, f"rejected: slower at {', '.join(slower)} ({gain:+.2f} µs; {rule})")
+        return Outcome(candidate, rows, False, f"rejected: slower at {', '.join(slower)}; {gained}")
     if gain < candidate.keep_gain_us:
-        return Outcome(candidate, rows, False, f"rejected: {gain:.2f} µs faster ({rule}), slower nowhere")
-    return Outcome(candidate, rows, True, f"kept: {gain:.2f} µs faster ({rule}), slower nowhere")
+        return Outcome(candidate, rows, False, f"rejected: {gained}; slower nowhere")
+    return Outcome(candidate, rows, True, f"kept: {gained}; slower nowhere")
 
 
 def run(names: list[str] | None = None) -> list[Outcome]:
@@ -145,6 +146,12 @@ def run(names: list[str] | None = None) -> list[Outcome]:
     for candidate in chosen:
         _, parsed = ab.step_and_points(candidate.step.number, list(candidate.points))
         with applied(candidate) as source, ab.built(candidate.step, str(source)) as after:
+            wrong = [f"{label}: {verdict}" for label, call in sweep.ways_to_call(candidate.name, after).items()
+                     for verdict in check.check_matrix(call, "cuda", trials=1) if not verdict.ok]
+            if wrong:
+                outcomes.append(Outcome(candidate, [], False, f"rejected: {len(wrong)} checks of the shape matrix "
+                                                              f"failed, the first {wrong[0]}"))
+                continue
             try:
                 rows = ab.compare(steps.load(candidate.step), after, parsed)
             except AssertionError as wrong:  # bench.compare's check against float64

@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from mla_lab import ab, bench, build, candidates, steps
+import torch
+
+from mla_lab import ab, bench, build, candidates, check, steps
 from tests.test_kernel_sources import nvcc
 
 CANDIDATES = sorted(candidates.CANDIDATES_DIR.glob("*.patch"))
@@ -82,9 +84,10 @@ def timing(median, spread=0.1):
 
 
 @pytest.mark.parametrize("at_16, at_1, kept, why", [
-    (11.4, 7.7, True, "kept: 0.30 µs faster (0.2 µs asked at v2_lite@16 bf16), slower nowhere"),
-    (11.55, 7.7, False, "rejected: 0.15 µs faster (0.2 µs asked at v2_lite@16 bf16), slower nowhere"),
-    (11.0, 8.2, False, "rejected: slower at v2_lite@1 bf16 (+0.70 µs; 0.2 µs asked at v2_lite@16 bf16)"),
+    (11.4, 7.7, True, "kept: +0.30 µs at v2_lite@16 bf16, 0.2 asked; slower nowhere"),
+    (11.55, 7.7, False, "rejected: +0.15 µs at v2_lite@16 bf16, 0.2 asked; slower nowhere"),
+    (11.75, 7.7, False, "rejected: -0.05 µs at v2_lite@16 bf16, 0.2 asked; slower nowhere"),
+    (11.0, 8.2, False, "rejected: slower at v2_lite@1 bf16; +0.70 µs at v2_lite@16 bf16, 0.2 asked"),
 ])
 def test_the_rule_keeps_a_candidate_only_at_its_gain_and_slower_nowhere(tmp_path, at_16, at_1, kept, why):
     candidate = candidates.Candidate.load(write_candidate(tmp_path, "12_try.patch", RULE, diff_of(FIRST_LINE, "// x")))
@@ -93,6 +96,32 @@ def test_the_rule_keeps_a_candidate_only_at_its_gain_and_slower_nowhere(tmp_path
     assert (outcome.kept, outcome.why) == (kept, why)
     assert f"**{why}**" in candidates.report([outcome])
     assert "| point | step 12 µs | 12_try µs |" in candidates.report([outcome])
+
+
+def test_a_candidate_wrong_on_the_shape_matrix_is_rejected_before_it_is_timed(tmp_path, monkeypatch):
+    """Without a GPU: the build, the kernels and the checks stood in for; one odd shape fails."""
+    write_candidate(tmp_path, "12_wrong.patch", RULE, diff_of(FIRST_LINE, "// wrong somewhere"))
+    monkeypatch.setattr(candidates, "CANDIDATES_DIR", tmp_path)
+    monkeypatch.setattr(build, "require_gpu", lambda: None)
+    monkeypatch.setattr(build, "build_step", lambda *args, **kwargs: None)
+    monkeypatch.setattr(steps, "Kernel", lambda step, source, library: type("Form", (), {"prepares_weights": False})())
+    odd = check.SHAPE_MATRIX[3]
+    checked = []
+
+    def check_matrix(call, device, trials):
+        checked.append(device)
+        return [check.Verdict(odd, torch.bfloat16, 1.0, 1.0, "NaN left in 3 outputs"),
+                check.Verdict(odd, torch.float32, 0.0, 0.0)]
+
+    def compare(*args, **kwargs):
+        raise AssertionError("timed although wrong")
+
+    monkeypatch.setattr(check, "check_matrix", check_matrix)
+    monkeypatch.setattr(ab, "compare", compare)
+    [outcome] = candidates.run()
+    assert checked == ["cuda"] and not outcome.kept and outcome.rows == []
+    assert outcome.why == (f"rejected: 1 checks of the shape matrix failed, the first 12_wrong: WRONG {odd.label()} "
+                           "bfloat16: NaN left in 3 outputs")
 
 
 def test_the_list_reads_and_applies_every_candidate_without_a_gpu():
