@@ -212,8 +212,6 @@ def candidates(args: argparse.Namespace) -> int:
 
     if args.list:
         for c in prepared.all_candidates(args.names):
-            with prepared.applied(c):
-                pass
             print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; "
                   f"kept if {c.keep_gain_us:g} µs faster at {c.keep_point} and slower nowhere")
         return 0

@@ -137,18 +137,18 @@ def parse_point(name: str):
 def run(step_key: int | str, rev: str, points: list[str]) -> list[Row]:
     """Check, then time, the step at REV (a commit, or a file holding its older source) and here at
     each point. Every argument is checked before a GPU is asked for."""
-    step, parsed = step_and_points(step_key, points)
-    with built(step, rev) as before:
-        return compare(before, steps.load(step), parsed)
-
-
-def step_and_points(step_key: int | str, points: list[str]) -> tuple[steps.Step, list[tuple]]:
-    """The step and each point as (name, shape, dtype), or ABProblem naming what is wrong."""
     try:
         step = steps.get(step_key)
     except (KeyError, ValueError) as unknown:
         raise ABProblem(str(unknown)) from None
-    return step, [(name, *parse_point(name)) for name in points]
+    parsed = parsed_points(points)
+    with built(step, rev) as before:
+        return compare(before, steps.load(step), parsed)
+
+
+def parsed_points(points: list[str] | tuple[str, ...]) -> list[tuple]:
+    """Each sweep point as (name, shape, dtype), or ABProblem naming the first that is none."""
+    return [(name, *parse_point(name)) for name in points]
 
 
 @contextlib.contextmanager

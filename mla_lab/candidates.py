@@ -50,6 +50,7 @@ class Candidate:
     points: tuple[str, ...]
     keep_point: str
     keep_gain_us: float
+    point_shapes: tuple[tuple, ...]  # each point as (name, shape, dtype), as ab.compare takes them
 
     @property
     def name(self) -> str:
@@ -71,8 +72,7 @@ class Candidate:
         if set(fields) != {"Points", "Keep"}:
             raise problem('above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT"')
         points = tuple(p.strip() for p in fields["Points"].split(","))
-        for point in points:
-            ab.parse_point(point)
+        point_shapes = tuple(ab.parsed_points(points))
         keep = KEEP.match(fields["Keep"].strip())
         if keep is None or keep["point"] not in points:
             raise problem('its rule must read "Keep: X us faster at POINT", POINT one of its Points')
@@ -80,19 +80,22 @@ class Candidate:
         expected = str(step.source().relative_to(steps.REPO))
         if targets != {expected}:
             raise problem(f"it must patch {expected} (as b/{expected}) and nothing else; it patches {sorted(targets)}")
-        return cls(path, step, expected, points, keep["point"], float(keep["gain"]))
+        return cls(path, step, expected, points, keep["point"], float(keep["gain"]), point_shapes)
 
 
 def all_candidates(names: list[str] | None = None) -> list[Candidate]:
-    """Every candidate in kernels/candidates/, or those NAMES (file stems) in that order."""
+    """Every candidate in kernels/candidates/, or those NAMES (file stems) in that order, each read
+    and applied once to its step: one that no longer applies is named here, before any GPU work."""
     found = {path.stem: path for path in sorted(CANDIDATES_DIR.glob("*.patch"))}
-    if names:
-        unknown = [n for n in names if n not in found]
-        if unknown:
-            raise CandidateProblem(f"no candidate {', '.join(unknown)}; kernels/candidates/ holds "
-                                   f"{', '.join(found) or 'none'}")
-        return [Candidate.load(found[n]) for n in names]
-    return [Candidate.load(path) for path in found.values()]
+    unknown = [n for n in names or [] if n not in found]
+    if unknown:
+        raise CandidateProblem(f"no candidate {', '.join(unknown)}; kernels/candidates/ holds "
+                               f"{', '.join(found) or 'none'}")
+    chosen = [Candidate.load(found[n]) for n in names or found]
+    for candidate in chosen:
+        with applied(candidate):
+            pass
+    return chosen
 
 
 @contextlib.contextmanager
@@ -136,15 +139,9 @@ def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
 
 
 def run(names: list[str] | None = None) -> list[Outcome]:
-    """Each candidate applied, built, checked and timed beside its step as it stands, then judged.
-    Every candidate is read and applied before a GPU is asked for."""
-    chosen = all_candidates(names)
-    for candidate in chosen:
-        with applied(candidate):  # raises, naming it, where it no longer applies
-            pass
+    """Each candidate applied, built, checked and timed beside its step as it stands, then judged."""
     outcomes = []
-    for candidate in chosen:
-        _, parsed = ab.step_and_points(candidate.step.number, list(candidate.points))
+    for candidate in all_candidates(names):
         with applied(candidate) as source, ab.built(candidate.step, str(source)) as after:
             wrong = [f"{label}: {verdict}" for label, call in sweep.ways_to_call(candidate.name, after).items()
                      for verdict in check.check_matrix(call, "cuda", trials=1) if not verdict.ok]
@@ -153,7 +150,7 @@ def run(names: list[str] | None = None) -> list[Outcome]:
                                                               f"failed, the first {wrong[0]}"))
                 continue
             try:
-                rows = ab.compare(steps.load(candidate.step), after, parsed)
+                rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes))
             except AssertionError as wrong:  # bench.compare's check against float64
                 outcomes.append(Outcome(candidate, [], False, f"rejected: {wrong}"))
                 continue
