@@ -29,7 +29,7 @@ gpu-lane:  # the sanitizer lane (python -m mla_lab grade exNN --sanitize) over e
 gpu-results:  # its last part: the sweep into results/, the README table and plots, the stored profiles, every notebook executed, nbval
 	$(PYTHON) -m mla_lab gpu-check results $(SITTING_FLAG)
 
-gpu-candidates:  # each prepared change in kernels/candidates/ applied to its step, checked on the shape matrix, timed beside it, eager and cuBLAS, and kept or rejected by its own rule
+gpu-candidates:  # each prepared change in kernels/candidates/ applied to its step, checked on the shape matrix, timed beside it, eager and cuBLAS, and kept or rejected by its own rule; each probe timed unchecked
 	$(PYTHON) -m mla_lab candidates
 
 profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096 (both dtypes) and 1 and 16 bf16 decode tokens, into results/profiles/

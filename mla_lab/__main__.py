@@ -212,13 +212,15 @@ def candidates(args: argparse.Namespace) -> int:
 
     if args.list:
         for c in prepared.all_candidates(args.names):
-            print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; "
-                  f"kept if {c.keep_gain_us:g} µs faster at {c.keep_point} and slower nowhere")
+            rule = (f"a probe, timed unchecked: {c.probe}" if c.probe else
+                    f"kept if {c.keep_gain_us:g} µs faster at {c.keep_point} and slower nowhere")
+            print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; {rule}")
         return 0
     from .bench import device_line
 
     outcomes = prepared.run(args.names)
-    print(f"{device_line()}; graph replay, median µs (p10-p90), each checked against float64 first\n")
+    print(f"{device_line()}; graph replay, median µs (p10-p90); candidates checked against float64 first, "
+          "probes timed unchecked\n")
     print(prepared.report(outcomes))
     return 0
 
@@ -339,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=ab)
 
     p = sub.add_parser("candidates", help="each prepared change in kernels/candidates/ beside its step, checked, timed and "
-                       "kept or rejected by its own rule (GPU; --list: CPU)")
+                       "kept or rejected by its own rule, and each probe timed (GPU; --list: CPU)")
     p.add_argument("names", nargs="*", metavar="NAME", help="candidates by file stem, such as 12_bf16_latent (default: all)")
     p.add_argument("--list", action="store_true", help="only read each candidate and apply it to its step (CPU)")
     p.set_defaults(run=candidates)

@@ -20,6 +20,7 @@ whether the new one is faster or slower outside that spread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import shutil
 import subprocess
@@ -174,6 +175,22 @@ def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple]) -> l
         timings = {t.name: t for t in bench.compare(contenders, shape, dtype, "graph")}
         # Each pair popped in turn; what stays in timings, and in every row, is the peers.
         rows += [Row(name + s, timings.pop("before" + s), timings.pop("after" + s), timings) for s in suffixes]
+    return rows
+
+
+def timed_only(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple]) -> list[Row]:
+    """Both forms timed beside eager and cuBLAS at each (name, shape, dtype), as `compare` times
+    them but unchecked: for a probe, a copy of a step cut short on purpose, whose outputs are wrong."""
+    rows = []
+    for name, shape, dtype in parsed:
+        inputs = bench.input_sets(shape, dtype, seed=0)
+        out = torch.empty(shape.batch, shape.seq, 2, shape.heads, shape.head_dim, dtype=dtype, device="cuda")
+        calls = {side: [functools.partial(kernel, *i, shape.heads, out=out) for i in inputs]
+                 for side, kernel in (("before", before), ("after", after))}
+        for peer in bench.NOTEBOOK_PEERS:
+            calls[peer] = [bench.peer_calls(i, shape.heads, out)[peer] for i in inputs]
+        timings = {t.name: t for t in bench.time_many(calls, "graph")}
+        rows.append(Row(name, timings.pop("before"), timings.pop("after"), timings))
     return rows
 
 

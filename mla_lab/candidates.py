@@ -17,6 +17,10 @@ candidate becomes the step (`git apply kernels/candidates/NAME.patch`, then `mak
 rejected one becomes a line in the step's notes, and its patch is deleted. The tests apply every
 patch and compile the result with nvcc, so a candidate that no longer fits its step fails there,
 not on the GPU.
+
+A probe is a patch with "Probe: what it times" in place of the rule: a copy of the step cut short
+on purpose (its outputs are wrong), timed unchecked beside the step and cuBLAS at its points, to
+see where the step's time goes before the next change is written. It is never judged or applied.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 from . import ab, check, steps, sweep
 
 CANDIDATES_DIR = steps.KERNELS_DIR / "candidates"
-FIELD = re.compile(r"^(Points|Keep): *(.*)$", re.M)
+FIELD = re.compile(r"^(Points|Keep|Probe): *(.*)$", re.M)
 KEEP = re.compile(r"^(?P<gain>\d+(?:\.\d+)?) us faster at (?P<point>.+)$")
 TARGET = re.compile(r"^\+\+\+ b/(\S+)", re.M)
 
@@ -48,9 +52,10 @@ class Candidate:
     step: steps.Step
     target: str  # the step's source, as the patch names it (kernels/12_weight_stream.cu)
     points: tuple[str, ...]
-    keep_point: str
-    keep_gain_us: float
+    keep_point: str | None  # None for a probe
+    keep_gain_us: float | None
     point_shapes: tuple[tuple, ...]  # each point as (name, shape, dtype), as ab.compare takes them
+    probe: str | None = None  # what a probe times
 
     @property
     def name(self) -> str:
@@ -69,17 +74,20 @@ class Candidate:
         except (KeyError, ValueError):
             raise problem("its name must begin with the step's number, as in 12_what.patch") from None
         fields = dict(FIELD.findall(header))
-        if set(fields) != {"Points", "Keep"}:
-            raise problem('above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT"')
+        if set(fields) not in ({"Points", "Keep"}, {"Points", "Probe"}):
+            raise problem('above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT" '
+                          '(or, for a probe, "Probe: what it times")')
         points = tuple(p.strip() for p in fields["Points"].split(","))
         point_shapes = tuple(ab.parsed_points(points))
-        keep = KEEP.match(fields["Keep"].strip())
-        if keep is None or keep["point"] not in points:
-            raise problem('its rule must read "Keep: X us faster at POINT", POINT one of its Points')
         targets = set(TARGET.findall(text))
         expected = str(step.source().relative_to(steps.REPO))
         if targets != {expected}:
             raise problem(f"it must patch {expected} (as b/{expected}) and nothing else; it patches {sorted(targets)}")
+        if "Probe" in fields:
+            return cls(path, step, expected, points, None, None, point_shapes, fields["Probe"].strip())
+        keep = KEEP.match(fields["Keep"].strip())
+        if keep is None or keep["point"] not in points:
+            raise problem('its rule must read "Keep: X us faster at POINT", POINT one of its Points')
         return cls(path, step, expected, points, keep["point"], float(keep["gain"]), point_shapes)
 
 
@@ -139,10 +147,15 @@ def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
 
 
 def run(names: list[str] | None = None) -> list[Outcome]:
-    """Each candidate applied, built, checked and timed beside its step as it stands, then judged."""
+    """Each candidate applied, built, checked and timed beside its step as it stands, then judged;
+    each probe applied, built and timed, unchecked."""
     outcomes = []
     for candidate in all_candidates(names):
         with applied(candidate) as source, ab.built(candidate.step, str(source)) as after:
+            if candidate.probe:
+                rows = ab.timed_only(steps.load(candidate.step), after, list(candidate.point_shapes))
+                outcomes.append(Outcome(candidate, rows, False, f"probe, timed unchecked: {candidate.probe}"))
+                continue
             wrong = [f"{label}: {verdict}" for label, call in sweep.ways_to_call(candidate.name, after).items()
                      for verdict in check.check_matrix(call, "cuda", trials=1) if not verdict.ok]
             if wrong:

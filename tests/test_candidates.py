@@ -62,7 +62,10 @@ def test_a_candidate_is_applied_to_a_copy_of_its_step(tmp_path):
     ("12_stale.patch", RULE, diff_of(FIRST_LINE, "// x").replace(FIRST_LINE, "// a line that is not there"),
      "12_stale.patch does not apply to kernels/12_weight_stream.cu as it is now"),
     ("12_norule.patch", "Points: v2_lite@16 bf16\n", diff_of(FIRST_LINE, "// x"),
-     '12_norule.patch: above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT"'),
+     '12_norule.patch: above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT" '
+     '(or, for a probe, "Probe: what it times")'),
+    ("12_both.patch", RULE + "Probe: GEMM 1 alone\n", diff_of(FIRST_LINE, "// x"),
+     '12_both.patch: above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT"'),
     ("12_far.patch", "Points: v2_lite@1 bf16\nKeep: 0.2 us faster at v2_lite@16 bf16\n", diff_of(FIRST_LINE, "// x"),
      '12_far.patch: its rule must read "Keep: X us faster at POINT", POINT one of its Points'),
     ("12_point.patch", "Points: v2_lite@7 bf16\nKeep: 0.2 us faster at v2_lite@7 bf16\n", diff_of(FIRST_LINE, "// x"),
@@ -124,6 +127,36 @@ def test_a_candidate_wrong_on_the_shape_matrix_is_rejected_before_it_is_timed(tm
                            "bfloat16: NaN left in 3 outputs")
 
 
+def test_a_probe_is_timed_unchecked_and_never_judged(tmp_path, monkeypatch):
+    """Without a GPU: the build and the kernels stood in for; a probe's outputs are wrong on purpose,
+    so it is neither checked nor judged, only timed beside its step."""
+    write_candidate(tmp_path, "12_cut.patch", "Points: v2_lite@1 bf16\nProbe: GEMM 1 alone\n",
+                    diff_of(FIRST_LINE, "// cut short"))
+    monkeypatch.setattr(candidates, "CANDIDATES_DIR", tmp_path)
+    monkeypatch.setattr(build, "require_gpu", lambda: None)
+    monkeypatch.setattr(build, "build_step", lambda *args, **kwargs: None)
+    monkeypatch.setattr(steps, "Kernel", lambda step, source, library: type("Form", (), {"prepares_weights": False})())
+    monkeypatch.setattr(steps, "load", lambda step: "the step")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a probe was checked or judged")
+
+    timed = []
+
+    def timed_only(before, after, parsed):
+        timed.append((before, [name for name, _, _ in parsed]))
+        return [ab.Row("v2_lite@1 bf16", timing(15.0), timing(6.0), {})]
+
+    monkeypatch.setattr(check, "check_matrix", never)
+    monkeypatch.setattr(ab, "compare", never)
+    monkeypatch.setattr(candidates, "judge", never)
+    monkeypatch.setattr(ab, "timed_only", timed_only)
+    [outcome] = candidates.run()
+    assert timed == [("the step", ["v2_lite@1 bf16"])]
+    assert not outcome.kept and outcome.why == "probe, timed unchecked: GEMM 1 alone"
+    assert "| v2_lite@1 bf16 | 15.0 (14.9-15.1) | 6.0 (5.9-6.1) |" in candidates.report([outcome])
+
+
 def test_the_list_reads_and_applies_every_candidate_without_a_gpu():
     result = subprocess.run([sys.executable, "-m", "mla_lab", "candidates", "--list"], cwd=steps.REPO,
                             capture_output=True, text=True)
@@ -148,3 +181,16 @@ def test_a_candidate_is_checked_timed_beside_its_step_and_judged(tmp_path, monke
     assert [r.point for r in outcome.rows] == ["v2_lite@1 bf16"] and not outcome.kept
     assert {"eager", "cuBLAS concat"} <= set(outcome.rows[0].peers)
     assert outcome.why.startswith("rejected: ")
+
+
+@pytest.mark.gpu
+def test_a_probe_is_timed_beside_its_step_unchecked():
+    """A comment-only probe times as its step does; the row has its step, the probe and the peers."""
+    path = steps.REPO / "build" / "12_same_probe.patch"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("Points: v2_lite@1 bf16\nProbe: the same kernel\n\n" + diff_of(FIRST_LINE, "// the same kernel"))
+    probe = candidates.Candidate.load(path)
+    with candidates.applied(probe) as source, ab.built(probe.step, str(source)) as after:
+        [row] = ab.timed_only(steps.load(probe.step), after, list(probe.point_shapes))
+    assert row.point == "v2_lite@1 bf16" and {"eager", "cuBLAS concat"} == set(row.peers)
+    assert 0.5 < row.after.median_us / row.before.median_us < 2
