@@ -15,7 +15,9 @@
 //   token. fp32 (at fp32's accuracy) and bf16's single token stay on FFMA, 8 columns a thread.
 // - A block owns 32 columns and splits its depth over its threads, whose sums are added in shared
 //   memory. GEMM 1 (depth d_model) also splits d_model over a cluster of up to 8 blocks, added
-//   through distributed shared memory; the fp32 latent goes to a scratch buffer.
+//   through distributed shared memory, into a scratch buffer: in bf16 on the tensor-core path
+//   (GEMM 2 rounds its A fragments to bf16 anyway, and each of its blocks reads the whole latent,
+//   so bf16 halves that traffic), in fp32 on FFMA.
 // - GEMM 2 is launched as a programmatic dependent: its blocks load their first weight rows while
 //   GEMM 1 runs and wait (griddepcontrol.wait) only before they read the latent.
 // Runs on sm_90 with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
@@ -266,8 +268,9 @@ __global__ void __launch_bounds__(kThreads) stream_weights_ffma(const Pass<T, In
 }
 
 // Two blocks an SM, so that GEMM 2's blocks start beside GEMM 1's.
-template <typename In, typename Out>
-__global__ void __launch_bounds__(kThreads, 2) stream_weights_mma(const Pass<bf16, In, Out> p) {
+// Both passes in bf16: GEMM 1 rounds the latent to bf16 as it stores it, where cuBLAS's bf16 GEMM 1
+// rounds it too.
+__global__ void __launch_bounds__(kThreads, 2) stream_weights_mma(const Pass<bf16, bf16, bf16> p) {
   extern __shared__ float4 shared_words[];
   constexpr int kRows = kBatchRows<bf16, Math::kMma>;
   const int staged = staged_depth<bf16, Math::kMma>(p.part_depth), pitch = pair_pitch(staged);
@@ -303,27 +306,33 @@ __global__ void __launch_bounds__(kThreads, 2) stream_weights_mma(const Pass<bf1
   fetch(now, 0);
   if (kRows < staged) fetch(next, kRows);
 
-  // GEMM 2's rows are GEMM 1's output: read them only once GEMM 1 has finished and flushed. The
-  // latent is rounded to bf16 here, as cuBLAS's bf16 GEMM 1 rounds it.
+  // GEMM 2's rows are GEMM 1's output: read them only once GEMM 1 has finished and flushed.
   if (p.after_primary) mla::wait_for_previous_kernel();
   // Only the call's tokens are staged: A's rows past them are zeros in registers. Each thread
-  // loads every token's pair of a depth at once.
+  // loads every token's pair of a depth at once, as one 4-byte word where the rows allow it: every
+  // GEMM 2 block reads the whole latent, so half-used sectors would double its L2 traffic.
+  const bool whole_pairs = p.row_pitch % 2 == 0 && reinterpret_cast<uintptr_t>(p.rows + depth0) % 4 == 0;
 #pragma unroll 1
   for (int k = threadIdx.x; k < staged / 2; k += kThreads) {
     const int depth = depth0 + 2 * k;
-    float x[kMmaTokens][2];
+    const bf16* const top = p.rows + depth;
+    uint32_t x[kMmaTokens];
+    if (whole_pairs && depth + 1 < depth_end) {
 #pragma unroll
-    for (int token = 0; token < kMmaTokens; ++token) {
+      for (int token = 0; token < kMmaTokens; ++token) {
+        x[token] = token < p.tokens ? *reinterpret_cast<const uint32_t*>(top + int64_t(token) * p.row_pitch) : 0u;
+      }
+    } else {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        x[token][e] = token < p.tokens && depth + e < depth_end
-                          ? mla::to_float(p.rows[int64_t(token) * p.row_pitch + depth + e])
-                          : 0.0f;
+      for (int token = 0; token < kMmaTokens; ++token) {
+        const bf16* const row = top + int64_t(token) * p.row_pitch;
+        const bool live = token < p.tokens && depth < depth_end, both = live && depth + 1 < depth_end;
+        x[token] = mla::pack_bf16(live ? mla::to_float(row[0]) : 0.0f, both ? mla::to_float(row[1]) : 0.0f);
       }
     }
 #pragma unroll
     for (int token = 0; token < kMmaTokens; ++token) {
-      if (token < p.tokens) pairs[token * pitch + k] = mla::pack_bf16(x[token][0], x[token][1]);
+      if (token < p.tokens) pairs[token * pitch + k] = x[token];
     }
   }
   __syncthreads();
@@ -426,25 +435,34 @@ cudaError_t launch_pass(Kernel kernel, const P& pass, int splits, cudaStream_t s
                      size_t(bytes), stream, pass);
 }
 
+// GEMM 1, then GEMM 2 as its programmatic dependent, the latent between them in the workspace as
+// Latent: bf16 on the tensor-core path, which rounds it to bf16 for its A fragments anyway and
+// so halves the bytes each GEMM 2 block reads of it; fp32 on FFMA.
+template <typename T, typename Latent, typename DownKernel, typename UpKernel>
+cudaError_t launch_passes(const MlaProblem& p, cudaStream_t stream, DownKernel down_kernel, UpKernel up_kernel) {
+  const mla::Problem<T> m = mla::Problem<T>::of(p);
+  Latent* latent = static_cast<Latent*>(p.workspace);
+  const int down_splits = splits_of(p.rank, p.d_model), up_splits = splits_of(m.columns, p.rank);
+  const Pass<T, T, Latent> down{m.hidden, p.d_model, m.down, latent, p.rank, int(p.tokens), int(p.d_model),
+                                int(p.rank), part_depth_of(p.d_model, down_splits), false};
+  const Pass<T, Latent, T> up{latent, p.rank, m.up, m.out, m.columns, int(p.tokens), int(p.rank), int(m.columns),
+                              part_depth_of(p.rank, up_splits), true};
+  const cudaError_t err = launch_pass(down_kernel, down, down_splits, stream);
+  return err != cudaSuccess ? err : launch_pass(up_kernel, up, up_splits, stream);
+}
+
 template <typename T>
 cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
-  const mla::Problem<T> m = mla::Problem<T>::of(p);
-  float* latent = static_cast<float*>(p.workspace);
-  const int down_splits = splits_of(p.rank, p.d_model), up_splits = splits_of(m.columns, p.rank);
-  const Pass<T, T, float> down{m.hidden, p.d_model, m.down, latent, p.rank, int(p.tokens), int(p.d_model),
-                               int(p.rank), part_depth_of(p.d_model, down_splits), false};
-  const Pass<T, float, T> up{latent, p.rank, m.up, m.out, m.columns, int(p.tokens), int(p.rank), int(m.columns),
-                             part_depth_of(p.rank, up_splits), true};
-  const auto both = [&](auto down_kernel, auto up_kernel) {
-    cudaError_t err = launch_pass(down_kernel, down, down_splits, stream);
-    return err != cudaSuccess ? err : launch_pass(up_kernel, up, up_splits, stream);
-  };
   if constexpr (std::is_same_v<T, bf16>) {
-    if (math_for<T>(p.tokens) == Math::kMma) return both(stream_weights_mma<bf16, float>, stream_weights_mma<float, bf16>);
-    return both(stream_weights_ffma<T, T, float, 1>, stream_weights_ffma<T, float, T, 1>);  // one token
+    if (math_for<T>(p.tokens) == Math::kMma) {
+      return launch_passes<T, bf16>(p, stream, stream_weights_mma, stream_weights_mma);
+    }
+    return launch_passes<T, float>(p, stream, stream_weights_ffma<T, T, float, 1>,  // one token
+                                   stream_weights_ffma<T, float, T, 1>);
   } else {
     return with_compiled_tokens(p.tokens, [&](auto n) {
-      return both(stream_weights_ffma<T, T, float, n()>, stream_weights_ffma<T, float, T, n()>);
+      return launch_passes<T, float>(p, stream, stream_weights_ffma<T, T, float, n()>,
+                                     stream_weights_ffma<T, float, T, n()>);
     });
   }
 }
@@ -453,7 +471,7 @@ cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
 
 extern "C" int mla_takes(const MlaProblem* p) { return takes_fast_path(p); }
 
-// The latent between the two kernels: tokens x rank in fp32.
+// The latent between the two kernels: tokens x rank, sized for fp32 (the tensor-core path keeps bf16).
 extern "C" size_t mla_workspace_bytes(const MlaProblem* p) {
   if (!takes_fast_path(p)) return 0;
   return size_t(mla::round_up(p->tokens * p->rank * 4, 256));
