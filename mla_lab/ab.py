@@ -194,14 +194,18 @@ def timed_only(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple]) -
     return rows
 
 
-def table(rows: list[Row], before: str, after: str = "this checkout") -> str:
+def table(rows: list[Row], before: str, after: str = "this checkout", verdicts: bool = True) -> str:
+    """Medians with their spread, the peers, the ratio and (with `verdicts`; not for a probe, which
+    is meant to be faster) whether `after` is faster or slower outside the spread."""
     def cell(t: bench.Timing) -> str:
         return f"{t.median_us:,.1f} ({t.low_us:,.1f}-{t.high_us:,.1f})"
 
-    lines = [f"| point | {before} µs | {after} µs | cuBLAS concat µs | eager µs | new / old | |",
-             "|---|---|---|---|---|---|---|"]
+    last = " |" if verdicts else ""
+    lines = [f"| point | {before} µs | {after} µs | cuBLAS concat µs | eager µs | new / old |{last}",
+             "|---" * (6 + verdicts) + "|"]
     for r in rows:
         peer = {name: f"{t.median_us:,.1f}" for name, t in r.peers.items()}
         lines.append(f"| {r.point} | {cell(r.before)} | {cell(r.after)} | {peer.get('cuBLAS concat', '-')} | "
-                     f"{peer.get('eager', '-')} | {r.after.median_us / r.before.median_us:.3f} | {r.verdict} |")
+                     f"{peer.get('eager', '-')} | {r.after.median_us / r.before.median_us:.3f} |"
+                     + (f" {r.verdict} |" if verdicts else ""))
     return "\n".join(lines)

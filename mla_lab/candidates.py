@@ -174,6 +174,7 @@ def run(names: list[str] | None = None) -> list[Outcome]:
 def report(outcomes: list[Outcome]) -> str:
     parts = []
     for o in outcomes:
-        table = ab.table(o.rows, f"step {o.candidate.step.number}", o.candidate.name) if o.rows else ""
+        table = (ab.table(o.rows, f"step {o.candidate.step.number}", o.candidate.name, verdicts=not o.candidate.probe)
+                 if o.rows else "")
         parts.append("\n".join(filter(None, [f"## {o.candidate.path.name}", table, f"**{o.why}**"])))
     return "\n\n".join(parts)

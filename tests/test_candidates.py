@@ -154,7 +154,7 @@ def test_a_probe_is_timed_unchecked_and_never_judged(tmp_path, monkeypatch):
     [outcome] = candidates.run()
     assert timed == [("the step", ["v2_lite@1 bf16"])]
     assert not outcome.kept and outcome.why == "probe, timed unchecked: GEMM 1 alone"
-    assert "| v2_lite@1 bf16 | 15.0 (14.9-15.1) | 6.0 (5.9-6.1) |" in candidates.report([outcome])
+    assert "| v2_lite@1 bf16 | 15.0 (14.9-15.1) | 6.0 (5.9-6.1) | - | - | 0.400 |\n" in candidates.report([outcome]) + "\n"
 
 
 def test_the_list_reads_and_applies_every_candidate_without_a_gpu():
