@@ -164,7 +164,7 @@ def run(names: list[str] | None = None) -> list[Outcome]:
                 continue
             try:
                 rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes))
-            except AssertionError as wrong:  # bench.compare's check against float64
+            except AssertionError as wrong:  # ab.compare's check against float64, at the timed points
                 outcomes.append(Outcome(candidate, [], False, f"rejected: {wrong}"))
                 continue
         outcomes.append(judge(candidate, rows))

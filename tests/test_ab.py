@@ -104,21 +104,23 @@ def test_prepared_rows_follow_their_pair_where_both_forms_prepare_weights(monkey
             self.prepares_weights, self.step = prepares, steps.get(10)
 
         def prepare(self, *weights):
-            raise AssertionError("bench.compare prepares, not run")
+            raise AssertionError("bench.measure prepares, not run")
 
     forms = {"before": Form(True), "after": Form(True)}
     asked = []
 
-    def compare(contenders, shape, dtype, mode):
+    def measure(contenders, shape, dtype, peers, modes, rotate_inputs):
+        assert rotate_inputs, "an A/B times as the sweep does, its inputs rotated past the L2"
         asked.append(sorted(contenders))
-        names = [*contenders, "eager", "cuBLAS concat"]
-        return [bench.Timing(name, mode, 10.0 + i, 9.9 + i, 10.1 + i, 100, 0) for i, name in enumerate(names)]
+        return [bench.Result(name, shape.label(), shape.tokens, "fp32", modes[0], "ok", median_us=10.0 + i,
+                             p10_us=9.9 + i, p90_us=10.1 + i, samples=100)
+                for i, name in enumerate([*contenders, *peers])]
 
     monkeypatch.setattr(build, "require_gpu", lambda: None)
     monkeypatch.setattr(build, "build_step", lambda *args, **kwargs: None)
     monkeypatch.setattr(steps, "Kernel", lambda step, source, library: forms["before"])
     monkeypatch.setattr(steps, "load", lambda step: forms["after"])
-    monkeypatch.setattr(bench, "compare", compare)
+    monkeypatch.setattr(bench, "measure", measure)
 
     rows = ab.run(10, "HEAD", ["v2_lite@1 fp32", "v2_lite@1 bf16"])
     assert [r.point for r in rows] == ["v2_lite@1 fp32", "v2_lite@1 fp32 prepared", "v2_lite@1 bf16"]
