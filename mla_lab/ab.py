@@ -9,12 +9,13 @@ registry says (its architectures and definitions, `mla_lab.sass.registry_of`), a
 headers, into a library of its own. Where the checkout has no history (a GPU machine lent a copy of
 the working tree knows its HEAD only), the older source comes as a file, `git show REV:PATH > FILE`
 made where the history is, and is built beside this checkout's headers as this checkout's registry
-builds the step. This checkout's source is built as the course builds it. At
-each point `bench.measure` checks both against float64 (NaN-poisoned output, fresh random inputs),
-then times them beside eager and cuBLAS in interleaved rounds of CUDA-graph replays, one process,
-one GPU, their inputs rotated past the L2 as the sweep rotates them (a decode call's weights come
-from DRAM: warm in L2, cuBLAS's fp32 took 7.3 µs at one V2-Lite token on an H100, 9.5 rotated); a step that prepares its weights once (steps 9 and 10, fp32) is timed both without and
-with them prepared, outside the timing. The table gives each median with its p10-p90 and says
+builds the step. This checkout's source is built as the course builds it. At each point
+`bench.measure` checks both against float64 (NaN-poisoned output, fresh random inputs), then times
+them beside eager and cuBLAS in interleaved rounds of CUDA-graph replays, one process, one GPU,
+their inputs rotated past the L2 as the sweep rotates them (a decode call's weights come from
+DRAM: warm in L2, cuBLAS's fp32 took 7.3 µs at one V2-Lite token on an H100, 9.5 rotated). A step
+that prepares its weights once (steps 9 and 10, fp32) is timed both without and with them
+prepared, outside the timing. The table gives each median with its p10-p90 and says
 whether the new one is faster or slower outside that spread.
 """
 

@@ -184,12 +184,10 @@ def test_a_candidate_is_checked_timed_beside_its_step_and_judged(tmp_path, monke
 
 
 @pytest.mark.gpu
-def test_a_probe_is_timed_beside_its_step_unchecked():
+def test_a_probe_is_timed_beside_its_step_unchecked(tmp_path):
     """A comment-only probe times as its step does; the row has its step, the probe and the peers."""
-    path = steps.REPO / "build" / "12_same_probe.patch"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text("Points: v2_lite@1 bf16\nProbe: the same kernel\n\n" + diff_of(FIRST_LINE, "// the same kernel"))
-    probe = candidates.Candidate.load(path)
+    probe = candidates.Candidate.load(write_candidate(tmp_path, "12_same.patch", "Points: v2_lite@1 bf16\n"
+                                                      "Probe: the same kernel\n", diff_of(FIRST_LINE, "// the same kernel")))
     with candidates.applied(probe) as source, ab.built(probe.step, str(source)) as after:
         [row] = ab.timed_only(steps.load(probe.step), after, list(probe.point_shapes))
     assert row.point == "v2_lite@1 bf16" and {"eager", "cuBLAS concat"} == set(row.peers)
