@@ -22,7 +22,6 @@ whether the new one is faster or slower outside that spread.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import shutil
 import subprocess
@@ -164,9 +163,10 @@ def built(step: steps.Step, source: str):
         yield steps.Kernel(step, path, library)
 
 
-def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple]) -> list[Row]:
+def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple], checked: bool = True) -> list[Row]:
     """Both forms checked, then timed beside eager and cuBLAS, at each (name, shape, dtype), with
-    their inputs rotated past the L2 as in the sweep; a wrong or failing form raises AssertionError."""
+    their inputs rotated past the L2 as in the sweep; a wrong or failing form raises AssertionError.
+    Unchecked, both are timed the same way: for a probe, a copy of a step cut short on purpose."""
     rows = []
     both_prepare = before.prepares_weights and after.prepares_weights
     for name, shape, dtype in parsed:
@@ -175,30 +175,10 @@ def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple]) -> l
         suffixes = ("", sweep.PREPARED_SUFFIX) if prepared else ("",)
         ways = {**sweep.ways_to_call("before", before, prepared), **sweep.ways_to_call("after", after, prepared)}
         contenders = {side + s: ways[side + s] for s in suffixes for side in ("before", "after")}
-        results = bench.measure(contenders, shape, dtype, bench.NOTEBOOK_PEERS, ("graph",), rotate_inputs=True)
-        failed = next((r for r in results if r.status != "ok"), None)
-        if failed:
-            raise AssertionError(f"{failed.name} is {failed.status} on {shape.label()}: {failed.note}")
-        timings = {r.name: bench.Timing(r.name, "graph", r.median_us, r.p10_us, r.p90_us, r.samples, shape.flops())
-                   for r in results}
+        timings = {t.name: t for t in bench.compare(contenders, shape, dtype, "graph", rotate_inputs=True,
+                                                    checked=checked)}
         # Each pair popped in turn; what stays in timings, and in every row, is the peers.
         rows += [Row(name + s, timings.pop("before" + s), timings.pop("after" + s), timings) for s in suffixes]
-    return rows
-
-
-def timed_only(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple]) -> list[Row]:
-    """Both forms timed beside eager and cuBLAS at each (name, shape, dtype), as `compare` times
-    them but unchecked: for a probe, a copy of a step cut short on purpose, whose outputs are wrong."""
-    rows = []
-    for name, shape, dtype in parsed:
-        inputs = bench.input_sets(shape, dtype, seed=0)
-        out = torch.empty(shape.batch, shape.seq, 2, shape.heads, shape.head_dim, dtype=dtype, device="cuda")
-        calls = {side: [functools.partial(kernel, *i, shape.heads, out=out) for i in inputs]
-                 for side, kernel in (("before", before), ("after", after))}
-        for peer in bench.NOTEBOOK_PEERS:
-            calls[peer] = [bench.peer_calls(i, shape.heads, out)[peer] for i in inputs]
-        timings = {t.name: t for t in bench.time_many(calls, "graph")}
-        rows.append(Row(name, timings.pop("before"), timings.pop("after"), timings))
     return rows
 
 

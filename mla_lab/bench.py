@@ -265,6 +265,7 @@ def measure(
     ceilings: dict[str, float] | None = None,
     compiled: Callable | None = None,
     shape_name: str = "",
+    checked: bool = True,
 ) -> list[Result]:
     """Check, then time, kernels and peers on the same inputs: the one routine behind the
     notebooks' `compare` and the sweep.
@@ -274,13 +275,14 @@ def measure(
     ones are timed against each other in interleaved rounds in each mode, then checked again (an
     output that changed while it was timed is wrong). With `rotate_inputs`, calls cycle through
     enough input sets that the L2 cannot serve them; with `ceilings`, each result carries its
-    roofline floor.
+    roofline floor. Unchecked (`checked=False`), every contender is timed and none is compared:
+    for probes, copies of a step cut short on purpose, whose outputs are wrong.
     """
     dtype_name = dtype_label(dtype)
     shape_name = shape_name or shape.label()
     modes = list(modes)
     sets = input_sets(shape, dtype, seed) if rotate_inputs else [make_inputs(shape, dtype, "cuda", seed)]
-    expected = oracle(sets[0], shape.heads)
+    expected = oracle(sets[0], shape.heads) if checked else None
     outs = [torch.full(shape.out_shape, float("nan"), dtype=dtype, device="cuda") for _ in sets]
     contenders: dict[str, tuple[object, list[Callable[[], object]]]] = {}
     prepare_us: dict[str, float] = {}
@@ -315,8 +317,8 @@ def measure(
         torch.cuda.synchronize()
         return check.compare(got, expected, dtype, shape, check.tolerance(kernel, dtype))
 
-    correct: dict[str, check.Verdict] = {}
-    for name in contenders:
+    correct: dict[str, check.Verdict | None] = {} if checked else dict.fromkeys(contenders)
+    for name in contenders if checked else ():
         try:
             verdict = verdict_of(name)
         except Exception as error:  # a contender that cannot run here is recorded, not fatal
@@ -340,12 +342,13 @@ def measure(
                 passes = 1
             floor = floor_us(shape, dtype, ceilings, passes) if ceilings else None
             record(timing.name, "ok", mode=mode, median_us=timing.median_us, p10_us=timing.low_us,
-                   p90_us=timing.high_us, samples=timing.samples, rel_error=correct[timing.name].rel_error,
+                   p90_us=timing.high_us, samples=timing.samples,
+                   rel_error=correct[timing.name].rel_error if checked else None,
                    tflops=timing.tflops, gbps=shape.min_bytes(dtype) / (timing.median_us * 1e-6) / 1e9,
                    floor_us=floor, of_floor=floor / timing.median_us if floor else None,
                    prepare_us=prepare_us.get(timing.name))
         del timers
-    for name in correct:
+    for name in correct if checked else ():
         after = verdict_of(name)
         if not after.ok:
             for r in results:
@@ -361,11 +364,14 @@ def compare(
     mode: str = "graph",
     with_peers: bool = True,
     seed: int = 0,
+    rotate_inputs: bool = False,
+    checked: bool = True,
 ) -> list[Timing]:
-    """Time each kernel (called like the reference) and the peers on one set of inputs, against
+    """Time each kernel (called like the reference) and the peers on the same inputs, against
     each other in interleaved rounds, after checking each against float64 (`measure`): a wrong
     or failing kernel raises instead of producing a number."""
-    results = measure(kernels, shape, dtype, NOTEBOOK_PEERS if with_peers else (), (mode,), seed)
+    results = measure(kernels, shape, dtype, NOTEBOOK_PEERS if with_peers else (), (mode,), seed,
+                      rotate_inputs=rotate_inputs, checked=checked)
     for r in results:
         if r.status != "ok":
             raise AssertionError(f"{r.name} is {r.status} on {shape.label()}: {r.note}")

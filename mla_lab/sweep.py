@@ -383,11 +383,13 @@ def best_step(sweep: Sweep, shape: str, dtype: str, mode: str, fp32_math: str | 
 
 
 def _sittings_phrase(meta: dict) -> str:
-    """", in 2 sittings (2026-12-06, 2026-12-07)" for a sweep that went on from a checkpoint; "" for one sitting."""
+    """", in 2 sittings (2026-12-06, 2026-12-07)" for a sweep that went on from a checkpoint, without
+    the dates where all fell on the day the table names; "" for one sitting."""
     sittings = meta.get("sittings", [])
     if len(sittings) < 2:
         return ""
-    return f", in {len(sittings)} sittings ({', '.join(s['date'][:10] for s in sittings)})"
+    dates = sorted({s["date"][:10] for s in sittings})
+    return f", in {len(sittings)} sittings" + (f" ({', '.join(dates)})" if len(dates) > 1 else "")
 
 
 def results_table(sweep: Sweep, mode: str = "graph", with_staleness: bool = False) -> str:

@@ -109,8 +109,9 @@ def test_prepared_rows_follow_their_pair_where_both_forms_prepare_weights(monkey
     forms = {"before": Form(True), "after": Form(True)}
     asked = []
 
-    def measure(contenders, shape, dtype, peers, modes, rotate_inputs):
+    def measure(contenders, shape, dtype, peers, modes, seed, rotate_inputs, checked):
         assert rotate_inputs, "an A/B times as the sweep does, its inputs rotated past the L2"
+        assert checked, "an A/B checks both forms before timing them"
         asked.append(sorted(contenders))
         return [bench.Result(name, shape.label(), shape.tokens, "fp32", modes[0], "ok", median_us=10.0 + i,
                              p10_us=9.9 + i, p90_us=10.1 + i, samples=100)

@@ -143,16 +143,15 @@ def test_a_probe_is_timed_unchecked_and_never_judged(tmp_path, monkeypatch):
 
     timed = []
 
-    def timed_only(before, after, parsed):
-        timed.append((before, [name for name, _, _ in parsed]))
+    def compare(before, after, parsed, checked=True):
+        timed.append((before, [name for name, _, _ in parsed], checked))
         return [ab.Row("v2_lite@1 bf16", timing(15.0), timing(6.0), {})]
 
     monkeypatch.setattr(check, "check_matrix", never)
-    monkeypatch.setattr(ab, "compare", never)
     monkeypatch.setattr(candidates, "judge", never)
-    monkeypatch.setattr(ab, "timed_only", timed_only)
+    monkeypatch.setattr(ab, "compare", compare)
     [outcome] = candidates.run()
-    assert timed == [("the step", ["v2_lite@1 bf16"])]
+    assert timed == [("the step", ["v2_lite@1 bf16"], False)]
     assert not outcome.kept and outcome.why == "probe, timed unchecked: GEMM 1 alone"
     assert "| v2_lite@1 bf16 | 15.0 (14.9-15.1) | 6.0 (5.9-6.1) | - | - | 0.400 |\n" in candidates.report([outcome]) + "\n"
 
@@ -189,6 +188,6 @@ def test_a_probe_is_timed_beside_its_step_unchecked(tmp_path):
     probe = candidates.Candidate.load(write_candidate(tmp_path, "12_same.patch", "Points: v2_lite@1 bf16\n"
                                                       "Probe: the same kernel\n", diff_of(FIRST_LINE, "// the same kernel")))
     with candidates.applied(probe) as source, ab.built(probe.step, str(source)) as after:
-        [row] = ab.timed_only(steps.load(probe.step), after, list(probe.point_shapes))
+        [row] = ab.compare(steps.load(probe.step), after, list(probe.point_shapes), checked=False)
     assert row.point == "v2_lite@1 bf16" and {"eager", "cuBLAS concat"} == set(row.peers)
     assert 0.5 < row.after.median_us / row.before.median_us < 2

@@ -366,6 +366,17 @@ def test_compare_refuses_to_time_a_wrong_kernel():
     assert [t.name for t in timings] == ["right", "eager", "cuBLAS concat"] and all(t.median_us > 0 for t in timings)
 
 
+def test_an_unchecked_measure_times_a_wrong_kernel_and_reports_no_error():
+    """Unchecked (for probes cut short on purpose), a wrong kernel is timed, its error unmeasured."""
+
+    def writes_zeros(*inputs_and_heads, out=None):
+        return out.zero_()
+
+    writes_zeros.writes_into_out = True
+    results = bench.measure({"zeros": writes_zeros}, TOY, torch.bfloat16, (), rotate_inputs=True, checked=False)
+    assert [(r.name, r.status, r.rel_error) for r in results] == [("zeros", "ok", None)] and results[0].median_us > 0
+
+
 @pytest.mark.parametrize("rank", [520, 700, 12296])
 def test_the_dispatcher_is_correct_at_latent_widths_past_the_tensor_core_tiles(rank):
     """mla_lab.project at ranks only the first steps take: step 4 to 640, step 2 to 12,288, step 1 beyond."""

@@ -63,6 +63,8 @@ def test_a_sweep_cut_short_goes_on_where_it_stopped(tmp_path, fake_gpu):
     assert [len(s["seconds"]) for s in record.meta["sittings"]] == [4, 2]  # each point's own time
     assert record.meta["date"] == "2026-12-01T00:00:00+00:00"
     assert "in 2 sittings (2026-12-01, 2026-12-02)" in sweep._sittings_phrase(record.meta)
+    one_day = {"sittings": [{"date": "2026-12-07T06:00:00+00:00"}, {"date": "2026-12-07T07:00:00+00:00"}]}
+    assert sweep._sittings_phrase(one_day) == ", in 2 sittings"  # the table names that day already
 
 
 @pytest.mark.parametrize("change", ["sources", "plan", "no resume"])
