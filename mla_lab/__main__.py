@@ -210,8 +210,12 @@ def ab(args: argparse.Namespace) -> int:
 def candidates(args: argparse.Namespace) -> int:
     from . import candidates as prepared
 
+    chosen = prepared.all_candidates(args.names)
+    if not chosen:
+        print("kernels/candidates/ holds no candidate: nothing to apply or judge")
+        return 0
     if args.list:
-        for c in prepared.all_candidates(args.names):
+        for c in chosen:
             rule = (f"a probe, timed unchecked: {c.probe}" if c.probe else
                     f"kept if {c.keep_gain_us:g} µs faster at {c.keep_point} and slower nowhere")
             print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; {rule}")

@@ -1,6 +1,7 @@
 """`kernels/candidates/`: changes prepared for a step, each applied and compiled here, and judged on
 a GPU by the rule written in it (mla_lab.candidates)."""
 
+import argparse
 import subprocess
 import sys
 
@@ -154,6 +155,19 @@ def test_a_probe_is_timed_unchecked_and_never_judged(tmp_path, monkeypatch):
     assert timed == [("the step", ["v2_lite@1 bf16"], False)]
     assert not outcome.kept and outcome.why == "probe, timed unchecked: GEMM 1 alone"
     assert "| v2_lite@1 bf16 | 15.0 (14.9-15.1) | 6.0 (5.9-6.1) | - | - | 0.400 |\n" in candidates.report([outcome]) + "\n"
+
+
+@pytest.mark.parametrize("listing", [False, True])
+def test_with_no_candidate_there_is_one_line_and_no_gpu_asked(tmp_path, monkeypatch, capsys, listing):
+    from mla_lab import __main__ as cli
+
+    def no_gpu():
+        raise AssertionError("a GPU was asked for with nothing to judge")
+
+    monkeypatch.setattr(candidates, "CANDIDATES_DIR", tmp_path / "candidates")
+    monkeypatch.setattr(build, "require_gpu", no_gpu)
+    assert cli.candidates(argparse.Namespace(names=[], list=listing)) == 0
+    assert capsys.readouterr().out == "kernels/candidates/ holds no candidate: nothing to apply or judge\n"
 
 
 def test_the_list_reads_and_applies_every_candidate_without_a_gpu():
