@@ -222,7 +222,7 @@ def candidates(args: argparse.Namespace) -> int:
         return 0
     from .bench import device_line
 
-    outcomes = prepared.run(args.names)
+    outcomes = prepared.run(chosen)
     print(f"{device_line()}; graph replay, median µs (p10-p90); candidates checked against float64 first, "
           "probes timed unchecked\n")
     print(prepared.report(outcomes))

@@ -369,7 +369,7 @@ def compare(
 ) -> list[Timing]:
     """Time each kernel (called like the reference) and the peers on the same inputs, against
     each other in interleaved rounds, after checking each against float64 (`measure`): a wrong
-    or failing kernel raises instead of producing a number."""
+    or failing kernel raises instead of producing a number (unchecked, only a failing one)."""
     results = measure(kernels, shape, dtype, NOTEBOOK_PEERS if with_peers else (), (mode,), seed,
                       rotate_inputs=rotate_inputs, checked=checked)
     for r in results:

@@ -146,11 +146,11 @@ def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
     return Outcome(candidate, rows, True, f"kept: {gained}; slower nowhere")
 
 
-def run(names: list[str] | None = None) -> list[Outcome]:
-    """Each candidate applied, built, checked and timed beside its step as it stands, then judged;
-    each probe applied, built and timed, unchecked."""
+def run(chosen: list[Candidate]) -> list[Outcome]:
+    """Each candidate (as `all_candidates` read them) applied, built, checked and timed beside its
+    step as it stands, then judged; each probe applied, built and timed, unchecked."""
     outcomes = []
-    for candidate in all_candidates(names):
+    for candidate in chosen:
         with applied(candidate) as source, ab.built(candidate.step, str(source)) as after:
             if candidate.probe:
                 rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes), checked=False)

@@ -352,14 +352,17 @@ def test_the_dispatcher_given_prepared_weights_is_correct(tokens, dtype):
     assert check.check(steps.Prepared(dispatch.project, dispatch.prepare), shape, dtype, "cuda", trials=2).ok
 
 
+def writes_zeros(*inputs_and_heads, out=None):
+    """A wrong kernel: zeros where the projection belongs."""
+    return out.zero_()
+
+
+writes_zeros.writes_into_out = True
+
+
 def test_compare_refuses_to_time_a_wrong_kernel():
     """bench.compare checks each kernel's output (NaN-filled first) before timing it."""
     right = steps.load(4)
-
-    def writes_zeros(*inputs_and_heads, out=None):
-        return out.zero_()
-
-    writes_zeros.writes_into_out = True
     with pytest.raises(AssertionError, match="zeros is wrong"):
         bench.compare({"right": right, "zeros": writes_zeros}, TOY, torch.bfloat16, with_peers=False)
     timings = bench.compare({"right": right}, TOY, torch.bfloat16)
@@ -368,11 +371,6 @@ def test_compare_refuses_to_time_a_wrong_kernel():
 
 def test_an_unchecked_measure_times_a_wrong_kernel_and_reports_no_error():
     """Unchecked (for probes cut short on purpose), a wrong kernel is timed, its error unmeasured."""
-
-    def writes_zeros(*inputs_and_heads, out=None):
-        return out.zero_()
-
-    writes_zeros.writes_into_out = True
     results = bench.measure({"zeros": writes_zeros}, TOY, torch.bfloat16, (), rotate_inputs=True, checked=False)
     assert [(r.name, r.status, r.rel_error) for r in results] == [("zeros", "ok", None)] and results[0].median_us > 0
 
