@@ -217,7 +217,8 @@ def candidates(args: argparse.Namespace) -> int:
     if args.list:
         for c in chosen:
             rule = (f"a probe, timed unchecked: {c.probe}" if c.probe else
-                    f"kept if {c.keep_gain_us:g} µs faster at {c.keep_point} and slower nowhere")
+                    f"kept if {c.keep_gain_us:g} µs faster{f' than {c.against}' if c.rival else ''} at "
+                    f"{c.keep_point} and slower than step {c.step.number} nowhere")
             print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; {rule}")
         return 0
     from .bench import device_line

@@ -163,10 +163,12 @@ def built(step: steps.Step, source: str):
         yield steps.Kernel(step, path, library)
 
 
-def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple], checked: bool = True) -> list[Row]:
-    """Both forms checked, then timed beside eager and cuBLAS, at each (name, shape, dtype), with
-    their inputs rotated past the L2 as in the sweep; a wrong or failing form raises AssertionError.
-    Unchecked, both are timed the same way: for a probe, a copy of a step cut short on purpose."""
+def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple], checked: bool = True,
+            beside: dict[str, steps.Kernel] | None = None) -> list[Row]:
+    """Both forms checked, then timed beside eager and cuBLAS (and the kernels `beside`, by name:
+    peers like them), at each (name, shape, dtype), with their inputs rotated past the L2 as in the
+    sweep; a wrong or failing form raises AssertionError. Unchecked, both are timed the same way:
+    for a probe, a copy of a step cut short on purpose."""
     rows = []
     both_prepare = before.prepares_weights and after.prepares_weights
     for name, shape, dtype in parsed:
@@ -174,7 +176,7 @@ def compare(before: steps.Kernel, after: steps.Kernel, parsed: list[tuple], chec
         prepared = both_prepare and dtype == torch.float32
         suffixes = ("", sweep.PREPARED_SUFFIX) if prepared else ("",)
         ways = {**sweep.ways_to_call("before", before, prepared), **sweep.ways_to_call("after", after, prepared)}
-        contenders = {side + s: ways[side + s] for s in suffixes for side in ("before", "after")}
+        contenders = {**{side + s: ways[side + s] for s in suffixes for side in ("before", "after")}, **(beside or {})}
         timings = {t.name: t for t in bench.compare(contenders, shape, dtype, "graph", rotate_inputs=True,
                                                     checked=checked)}
         # Each pair popped in turn; what stays in timings, and in every row, is the peers.
@@ -189,11 +191,13 @@ def table(rows: list[Row], before: str, after: str = "this checkout", verdicts: 
         return f"{t.median_us:,.1f} ({t.low_us:,.1f}-{t.high_us:,.1f})"
 
     last = " |" if verdicts else ""
-    lines = [f"| point | {before} µs | {after} µs | cuBLAS concat µs | eager µs | new / old |{last}",
-             "|---" * (6 + verdicts) + "|"]
+    # Peers other than the two every row has (a rival step timed beside), with their spread.
+    rivals = sorted({name for r in rows for name in r.peers} - {"cuBLAS concat", "eager"})
+    lines = [f"| point | {before} µs | {after} µs |{''.join(f' {n} µs |' for n in rivals)} cuBLAS concat µs | "
+             f"eager µs | new / old |{last}", "|---" * (6 + len(rivals) + verdicts) + "|"]
     for r in rows:
         peer = {name: f"{t.median_us:,.1f}" for name, t in r.peers.items()}
-        lines.append(f"| {r.point} | {cell(r.before)} | {cell(r.after)} | {peer.get('cuBLAS concat', '-')} | "
-                     f"{peer.get('eager', '-')} | {r.after.median_us / r.before.median_us:.3f} |"
-                     + (f" {r.verdict} |" if verdicts else ""))
+        timed = [cell(r.before), cell(r.after), *(cell(r.peers[n]) if n in r.peers else "-" for n in rivals),
+                 peer.get("cuBLAS concat", "-"), peer.get("eager", "-"), f"{r.after.median_us / r.before.median_us:.3f}"]
+        lines.append(f"| {r.point} | {' | '.join(timed)} |" + (f" {r.verdict} |" if verdicts else ""))
     return "\n".join(lines)

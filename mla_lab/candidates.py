@@ -7,6 +7,10 @@ two lines read here:
     Points: v2_lite@1 bf16, v2_lite@16 bf16, v3_tp8@1 bf16
     Keep: 0.2 us faster at v2_lite@16 bf16
 
+A candidate that takes a step to shapes it did not take before names the step it must beat there:
+"Keep: 2 us faster than step 6 at v2_lite@64 bf16" times step 6 beside it at every point and
+measures the gain against step 6 (at such a point the step as it stands runs its fallback).
+
 `python -m mla_lab candidates` (`make gpu-candidates`, on a GPU) applies each patch to a copy of
 this checkout's step and checks it on the whole shape matrix (float64 reference, odd shapes,
 NaN-poisoned outputs, fresh inputs), then checks and times it beside the step as it stands, eager
@@ -38,7 +42,7 @@ from . import ab, check, steps, sweep
 
 CANDIDATES_DIR = steps.KERNELS_DIR / "candidates"
 FIELD = re.compile(r"^(Points|Keep|Probe): *(.*)$", re.M)
-KEEP = re.compile(r"^(?P<gain>\d+(?:\.\d+)?) us faster at (?P<point>.+)$")
+KEEP = re.compile(r"^(?P<gain>\d+(?:\.\d+)?) us faster (?:than step (?P<rival>\d+) )?at (?P<point>.+)$")
 TARGET = re.compile(r"^\+\+\+ b/(\S+)", re.M)
 
 
@@ -56,6 +60,12 @@ class Candidate:
     keep_gain_us: float | None
     point_shapes: tuple[tuple, ...]  # each point as (name, shape, dtype), as ab.compare takes them
     probe: str | None = None  # what a probe times
+    rival: steps.Step | None = None  # the step whose time the gain is measured against, if not its own
+
+    @property
+    def against(self) -> str:
+        """The name the gain is measured against: its step, or the rival its rule names."""
+        return f"step {(self.rival or self.step).number}"
 
     @property
     def name(self) -> str:
@@ -87,8 +97,13 @@ class Candidate:
             return cls(path, step, expected, points, None, None, point_shapes, fields["Probe"].strip())
         keep = KEEP.match(fields["Keep"].strip())
         if keep is None or keep["point"] not in points:
-            raise problem('its rule must read "Keep: X us faster at POINT", POINT one of its Points')
-        return cls(path, step, expected, points, keep["point"], float(keep["gain"]), point_shapes)
+            raise problem('its rule must read "Keep: X us faster at POINT" (or "... faster than step N at POINT"), '
+                          'POINT one of its Points')
+        try:
+            rival = steps.get(int(keep["rival"])) if keep["rival"] else None
+        except ValueError:
+            raise problem(f"its rule names step {keep['rival']}, which the course does not have") from None
+        return cls(path, step, expected, points, keep["point"], float(keep["gain"]), point_shapes, rival=rival)
 
 
 def all_candidates(names: list[str] | None = None) -> list[Candidate]:
@@ -134,11 +149,14 @@ class Outcome:
 
 
 def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
-    """The candidate's own rule: at least its gain at its point, by the medians, and slower at none."""
+    """The candidate's own rule: at least its gain at its point, by the medians, over its step (or
+    the rival step its rule names), and slower than its step at none."""
     slower = [r.point for r in rows if r.verdict == "slower"]
     row = next(r for r in rows if r.point == candidate.keep_point)
-    gain = row.before.median_us - row.after.median_us
-    gained = f"{gain:+.2f} µs at {candidate.keep_point}, {candidate.keep_gain_us:g} asked"
+    baseline = row.peers[candidate.against] if candidate.rival else row.before
+    gain = baseline.median_us - row.after.median_us
+    than = f" than {candidate.against}" if candidate.rival else ""
+    gained = f"{gain:+.2f} µs{than} at {candidate.keep_point}, {candidate.keep_gain_us:g} asked"
     if slower:
         return Outcome(candidate, rows, False, f"rejected: slower at {', '.join(slower)}; {gained}")
     if gain < candidate.keep_gain_us:
@@ -163,7 +181,8 @@ def run(chosen: list[Candidate]) -> list[Outcome]:
                                                               f"failed, the first {wrong[0]}"))
                 continue
             try:
-                rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes))
+                rivals = {candidate.against: steps.load(candidate.rival)} if candidate.rival else {}
+                rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes), beside=rivals)
             except AssertionError as wrong:  # ab.compare's check against float64, at the timed points
                 outcomes.append(Outcome(candidate, [], False, f"rejected: {wrong}"))
                 continue

@@ -68,7 +68,10 @@ def test_a_candidate_is_applied_to_a_copy_of_its_step(tmp_path):
     ("12_both.patch", RULE + "Probe: GEMM 1 alone\n", diff_of(FIRST_LINE, "// x"),
      '12_both.patch: above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT"'),
     ("12_far.patch", "Points: v2_lite@1 bf16\nKeep: 0.2 us faster at v2_lite@16 bf16\n", diff_of(FIRST_LINE, "// x"),
-     '12_far.patch: its rule must read "Keep: X us faster at POINT", POINT one of its Points'),
+     '12_far.patch: its rule must read "Keep: X us faster at POINT" (or "... faster than step N at POINT"), '
+     'POINT one of its Points'),
+    ("12_rival.patch", "Points: v2_lite@1 bf16\nKeep: 0.2 us faster than step 99 at v2_lite@1 bf16\n",
+     diff_of(FIRST_LINE, "// x"), "12_rival.patch: its rule names step 99, which the course does not have"),
     ("12_point.patch", "Points: v2_lite@7 bf16\nKeep: 0.2 us faster at v2_lite@7 bf16\n", diff_of(FIRST_LINE, "// x"),
      "'v2_lite@7 bf16' is not a sweep point"),
     ("11_other.patch", RULE, diff_of(FIRST_LINE, "// x"),
@@ -100,6 +103,28 @@ def test_the_rule_keeps_a_candidate_only_at_its_gain_and_slower_nowhere(tmp_path
     assert (outcome.kept, outcome.why) == (kept, why)
     assert f"**{why}**" in candidates.report([outcome])
     assert "| point | step 12 µs | 12_try µs |" in candidates.report([outcome])
+
+
+def test_a_rule_that_names_a_rival_step_measures_the_gain_against_it(tmp_path):
+    """Step 12 taken to 64 tokens: there the step as it stands runs its fallback, so the gain that
+    keeps it is over step 6, timed beside it; slower still means slower than step 12 as it stands."""
+    rule = "Points: v2_lite@1 bf16, v2_lite@64 bf16\nKeep: 2 us faster than step 6 at v2_lite@64 bf16\n"
+    candidate = candidates.Candidate.load(write_candidate(tmp_path, "12_wider.patch", rule, diff_of(FIRST_LINE, "// x")))
+    assert (candidate.rival.number, candidate.against) == (6, "step 6")
+
+    def rows(at_64, at_1):
+        return [ab.Row("v2_lite@1 bf16", timing(7.7), timing(at_1), {"step 6": timing(15.1)}),
+                ab.Row("v2_lite@64 bf16", timing(370.0), timing(at_64), {"step 6": timing(16.1)})]
+
+    assert candidates.judge(candidate, rows(13.0, 7.7)).why == \
+        "kept: +3.10 µs than step 6 at v2_lite@64 bf16, 2 asked; slower nowhere"
+    assert candidates.judge(candidate, rows(15.0, 7.7)).why == \
+        "rejected: +1.10 µs than step 6 at v2_lite@64 bf16, 2 asked; slower nowhere"
+    assert candidates.judge(candidate, rows(13.0, 8.2)).why.startswith("rejected: slower at v2_lite@1 bf16; ")
+    report = candidates.report([candidates.judge(candidate, rows(13.0, 7.7))])
+    assert "| point | step 12 µs | 12_wider µs | step 6 µs | cuBLAS concat µs |" in report
+    assert "| v2_lite@64 bf16 | 370.0 (369.9-370.1) | 13.0 (12.9-13.1) | 16.1 (16.0-16.2) | - | - | 0.035 | faster |" \
+        in report
 
 
 def test_a_candidate_wrong_on_the_shape_matrix_is_rejected_before_it_is_timed(tmp_path, monkeypatch):
