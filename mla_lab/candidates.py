@@ -9,7 +9,9 @@ two lines read here:
 
 A candidate that takes a step to shapes it did not take before names the step it must beat there:
 "Keep: 2 us faster than step 6 at v2_lite@64 bf16" times step 6 beside it at every point and
-measures the gain against step 6 (at such a point the step as it stands runs its fallback).
+measures the gain against step 6 (at such a point the step as it stands runs its fallback). One
+that needs wgmma in a step built for sm_90 says "Arch: sm_90a": it is built for that target, and
+kept, the step's target in mla_lab/steps.py changes with it.
 
 `python -m mla_lab candidates` (`make gpu-candidates`, on a GPU) applies each patch to a copy of
 this checkout's step and checks it on the whole shape matrix (float64 reference, odd shapes,
@@ -30,6 +32,7 @@ see where the step's time goes before the next change is written. It is never ju
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -41,7 +44,8 @@ from pathlib import Path
 from . import ab, check, steps, sweep
 
 CANDIDATES_DIR = steps.KERNELS_DIR / "candidates"
-FIELD = re.compile(r"^(Points|Keep|Probe): *(.*)$", re.M)
+FIELD = re.compile(r"^(Points|Keep|Probe|Arch): *(.*)$", re.M)
+ARCHES = {"sm_90a": steps.HOPPER_ARCH_FLAGS}  # the targets a candidate may ask for in place of its step's
 KEEP = re.compile(r"^(?P<gain>\d+(?:\.\d+)?) us faster (?:than step (?P<rival>\d+) )?at (?P<point>.+)$")
 TARGET = re.compile(r"^\+\+\+ b/(\S+)", re.M)
 
@@ -61,6 +65,12 @@ class Candidate:
     point_shapes: tuple[tuple, ...]  # each point as (name, shape, dtype), as ab.compare takes them
     probe: str | None = None  # what a probe times
     rival: steps.Step | None = None  # the step whose time the gain is measured against, if not its own
+    arch_flags: tuple[str, ...] | None = None  # the target it is built for, where not its step's
+
+    @property
+    def built_as(self) -> steps.Step:
+        """Its step, with the candidate's target where it names one: what the candidate is built as."""
+        return dataclasses.replace(self.step, arch_flags=self.arch_flags) if self.arch_flags else self.step
 
     @property
     def against(self) -> str:
@@ -84,6 +94,11 @@ class Candidate:
         except (KeyError, ValueError):
             raise problem("its name must begin with the step's number, as in 12_what.patch") from None
         fields = dict(FIELD.findall(header))
+        arch = fields.pop("Arch", "").strip()
+        if arch and arch not in ARCHES:
+            raise problem(f'its "Arch: {arch}" is no target a candidate may ask for; it may ask for '
+                          f'{", ".join(ARCHES)}')
+        arch_flags = ARCHES.get(arch)
         if set(fields) not in ({"Points", "Keep"}, {"Points", "Probe"}):
             raise problem('above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT" '
                           '(or, for a probe, "Probe: what it times")')
@@ -94,7 +109,8 @@ class Candidate:
         if targets != {expected}:
             raise problem(f"it must patch {expected} (as b/{expected}) and nothing else; it patches {sorted(targets)}")
         if "Probe" in fields:
-            return cls(path, step, expected, points, None, None, point_shapes, fields["Probe"].strip())
+            return cls(path, step, expected, points, None, None, point_shapes, fields["Probe"].strip(),
+                       arch_flags=arch_flags)
         keep = KEEP.match(fields["Keep"].strip())
         if keep is None or keep["point"] not in points:
             raise problem('its rule must read "Keep: X us faster at POINT" (or "... faster than step N at POINT"), '
@@ -103,7 +119,8 @@ class Candidate:
             rival = steps.get(int(keep["rival"])) if keep["rival"] else None
         except ValueError:
             raise problem(f"its rule names step {keep['rival']}, which the course does not have") from None
-        return cls(path, step, expected, points, keep["point"], float(keep["gain"]), point_shapes, rival=rival)
+        return cls(path, step, expected, points, keep["point"], float(keep["gain"]), point_shapes, rival=rival,
+                   arch_flags=arch_flags)
 
 
 def all_candidates(names: list[str] | None = None) -> list[Candidate]:
@@ -169,7 +186,7 @@ def run(chosen: list[Candidate]) -> list[Outcome]:
     step as it stands, then judged; each probe applied, built and timed, unchecked."""
     outcomes = []
     for candidate in chosen:
-        with applied(candidate) as source, ab.built(candidate.step, str(source)) as after:
+        with applied(candidate) as source, ab.built(candidate.built_as, str(source)) as after:
             if candidate.probe:
                 rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes), checked=False)
                 outcomes.append(Outcome(candidate, rows, False, f"probe, timed unchecked: {candidate.probe}"))

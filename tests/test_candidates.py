@@ -23,7 +23,7 @@ def test_every_candidate_applies_to_its_step_as_it_is_and_compiles(path):
     with candidates.applied(candidate) as source:
         changed = source.read_text()
         assert changed != candidate.step.source().read_text()
-        with ab.older_source(str(source), candidate.step) as (beside, arch_flags, defines):
+        with ab.older_source(str(source), candidate.built_as) as (beside, arch_flags, defines):
             ok, report = build.compile_report(beside, arch_flags, defines)
     assert ok, f"{path.name} applies but does not compile: {report}"
     assert "0 bytes of spills" in report, report
@@ -103,6 +103,17 @@ def test_the_rule_keeps_a_candidate_only_at_its_gain_and_slower_nowhere(tmp_path
     assert (outcome.kept, outcome.why) == (kept, why)
     assert f"**{why}**" in candidates.report([outcome])
     assert "| point | step 12 µs | 12_try µs |" in candidates.report([outcome])
+
+
+def test_a_candidate_may_ask_for_sm_90a_and_is_built_for_it(tmp_path):
+    rule = RULE + "Arch: sm_90a\n"
+    candidate = candidates.Candidate.load(write_candidate(tmp_path, "12_wgmma.patch", rule, diff_of(FIRST_LINE, "// x")))
+    assert candidate.built_as.arch_flags == steps.HOPPER_ARCH_FLAGS != candidate.step.arch_flags
+    assert candidates.Candidate.load(write_candidate(tmp_path, "12_plain.patch", RULE, diff_of(FIRST_LINE, "// x"))
+                                     ).built_as is steps.get(12)
+    with pytest.raises(ab.ABProblem, match='its "Arch: sm_100" is no target a candidate may ask for'):
+        candidates.Candidate.load(write_candidate(tmp_path, "12_far.patch", RULE + "Arch: sm_100\n",
+                                                  diff_of(FIRST_LINE, "// x")))
 
 
 def test_a_rule_that_names_a_rival_step_measures_the_gain_against_it(tmp_path):
