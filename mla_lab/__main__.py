@@ -219,7 +219,7 @@ def candidates(args: argparse.Namespace) -> int:
             rule = (f"a probe, timed unchecked: {c.probe}" if c.probe else
                     f"kept if {c.keep_gain_us:g} µs faster{f' than {c.against}' if c.rival else ''} at "
                     f"{c.keep_point} and slower than step {c.step.number} nowhere")
-            built = f"; built for {c.arch_flags[0].split('code=')[-1]}" if c.arch_flags else ""
+            built = f"; built for {c.arch}" if c.arch else ""
             print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; {rule}{built}")
         return 0
     from .bench import device_line

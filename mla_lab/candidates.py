@@ -65,17 +65,21 @@ class Candidate:
     point_shapes: tuple[tuple, ...]  # each point as (name, shape, dtype), as ab.compare takes them
     probe: str | None = None  # what a probe times
     rival: steps.Step | None = None  # the step whose time the gain is measured against, if not its own
-    arch_flags: tuple[str, ...] | None = None  # the target it is built for, where not its step's
+    arch: str | None = None  # the target it is built for ("sm_90a"), where not its step's
+
+    @property
+    def arch_flags(self) -> tuple[str, ...] | None:
+        return ARCHES[self.arch] if self.arch else None
 
     @property
     def built_as(self) -> steps.Step:
         """Its step, with the candidate's target where it names one: what the candidate is built as."""
-        return dataclasses.replace(self.step, arch_flags=self.arch_flags) if self.arch_flags else self.step
+        return dataclasses.replace(self.step, arch_flags=self.arch_flags) if self.arch else self.step
 
     @property
     def against(self) -> str:
-        """The name the gain is measured against: its step, or the rival its rule names."""
-        return f"step {(self.rival or self.step).number}"
+        """The rival step its rule names, as its column in the table reads (only where it names one)."""
+        return f"step {self.rival.number}"
 
     @property
     def name(self) -> str:
@@ -94,11 +98,10 @@ class Candidate:
         except (KeyError, ValueError):
             raise problem("its name must begin with the step's number, as in 12_what.patch") from None
         fields = dict(FIELD.findall(header))
-        arch = fields.pop("Arch", "").strip()
+        arch = fields.pop("Arch", "").strip() or None
         if arch and arch not in ARCHES:
             raise problem(f'its "Arch: {arch}" is no target a candidate may ask for; it may ask for '
                           f'{", ".join(ARCHES)}')
-        arch_flags = ARCHES.get(arch)
         if set(fields) not in ({"Points", "Keep"}, {"Points", "Probe"}):
             raise problem('above its diff it needs the lines "Points: POINT, POINT" and "Keep: X us faster at POINT" '
                           '(or, for a probe, "Probe: what it times")')
@@ -109,8 +112,7 @@ class Candidate:
         if targets != {expected}:
             raise problem(f"it must patch {expected} (as b/{expected}) and nothing else; it patches {sorted(targets)}")
         if "Probe" in fields:
-            return cls(path, step, expected, points, None, None, point_shapes, fields["Probe"].strip(),
-                       arch_flags=arch_flags)
+            return cls(path, step, expected, points, None, None, point_shapes, fields["Probe"].strip(), arch=arch)
         keep = KEEP.match(fields["Keep"].strip())
         if keep is None or keep["point"] not in points:
             raise problem('its rule must read "Keep: X us faster at POINT" (or "... faster than step N at POINT"), '
@@ -120,7 +122,7 @@ class Candidate:
         except ValueError:
             raise problem(f"its rule names step {keep['rival']}, which the course does not have") from None
         return cls(path, step, expected, points, keep["point"], float(keep["gain"]), point_shapes, rival=rival,
-                   arch_flags=arch_flags)
+                   arch=arch)
 
 
 def all_candidates(names: list[str] | None = None) -> list[Candidate]:
