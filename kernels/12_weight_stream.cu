@@ -14,13 +14,17 @@
 //   interleaved, and a thread's sums take 16 registers for any token count, where FFMA's take 8 a
 //   token. fp32 (at fp32's accuracy) and bf16's single token stay on FFMA, 8 columns a thread.
 // - A block owns 32 columns and splits its depth over its threads, whose sums are added in shared
-//   memory. GEMM 1 (depth d_model) also splits d_model over a cluster of up to 8 blocks, added
-//   through distributed shared memory, into a scratch buffer: in bf16 on the tensor-core path
-//   (GEMM 2 rounds its A fragments to bf16 anyway, and each of its blocks reads the whole latent,
-//   so bf16 halves that traffic), in fp32 on FFMA.
+//   memory. GEMM 1 (depth d_model) also splits d_model over a cluster of up to 8 blocks, parts of
+//   at least 512 rows but for one fp32 token, added through distributed shared memory, into a
+//   scratch buffer: in bf16 where GEMM 2 runs on the tensor cores (they take bf16 operands, and
+//   each GEMM 2 block reads the whole latent, so bf16 halves that traffic), in fp32 on FFMA.
 // - GEMM 2 is launched as a programmatic dependent: its blocks load their first weight rows while
 //   GEMM 1 runs and wait (griddepcontrol.wait) only before they read the latent.
-// Runs on sm_90 with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
+// - In bf16, where the outputs come in 64-column tiles, GEMM 2 runs on wgmma with its
+//   operands swapped: a block's 64 weight columns are A (TMA copies them, MN-major, into shared
+//   memory, all of the rank at once, before the wait), the latent's token rows are B (N = 16), and
+//   one warpgroup multiplies them with no register staging and few instructions per weight.
+// Runs on sm_90a with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
 // weights and a token slice that fits shared memory (mla_takes); the binding runs the others on
 // step 4. Notes: kernels/12_weight_stream.md.
 
@@ -376,13 +380,130 @@ __global__ void __launch_bounds__(kThreads, 2) stream_weights_mma(const Pass<bf1
   add_and_store<kMmaTokens>(p, warp_sums, block_sums);
 }
 
+// ---- GEMM 2 on wgmma, operands swapped: C^T (64 output columns x 16 tokens) = W^T @ latent^T -----
+// A is a block's 64 columns of [w_up_k | w_up_v] (M = 64, MN-major: TMA boxes of kUpBoxRows rows
+// of the rank, each row 64 columns in 128 bytes, 128-byte swizzled); B is the latent (N = 16 token
+// rows, K-major: boxes of 16 rows of 64 depths, zeros past the call's tokens and past the rank).
+// Every box of the rank is in flight at once, the weights' before griddepcontrol.wait.
+constexpr int kUpTileColumns = 64;                       // wgmma's M
+constexpr int kUpBoxRows = 64;                           // depths a box holds
+constexpr int kUpMaxRank = 512;                          // the whole rank in shared memory
+constexpr int kUpBoxes = kUpMaxRank / kUpBoxRows;
+constexpr int kUpWeightBoxBytes = kUpBoxRows * 128;      // 64 depths x 64 columns of bf16
+constexpr int kUpLatentBoxBytes = kMmaTokens * 128;      // 16 tokens x 64 depths of bf16
+constexpr int kUpThreads = 128;                          // one warpgroup
+constexpr int kUpSharedBytes = 1024 + kUpBoxes * (kUpWeightBoxBytes + kUpLatentBoxBytes) + kUpBoxes * 8;
+
+struct UpMaps {
+  CUtensorMap k, v, latent;  // w_up_k and w_up_v (rank x width), the latent (tokens x rank)
+};
+
+// d += A (64 x 16, MN-major: the first transpose flag) @ B (16 x 16, K-major); 8 fp32 a thread.
+__device__ __forceinline__ void wgmma_64x16x16(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, accumulate, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+__global__ void __launch_bounds__(kUpThreads) up_on_wgmma(const __grid_constant__ UpMaps maps, bf16* __restrict__ out,
+                                                          int tokens, int rank, int width) {
+  extern __shared__ uint8_t shared_raw[];
+  const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte rows
+  const uint32_t weights = base, latent = base + kUpBoxes * kUpWeightBoxBytes;
+  const uint32_t bars = latent + kUpBoxes * kUpLatentBoxBytes;
+  const int boxes = int(mla::ceil_div(rank, kUpBoxRows));
+  const int column0 = int(blockIdx.x) * kUpTileColumns;  // a tile lies in k or in v: width % 64 == 0
+  const bool is_k = column0 < width;
+  mla::launch_dependents();
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < boxes; ++b) mla::barrier_init(bars + 8 * b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();  // the barriers are initialized before a copy completes on them or anyone waits
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < boxes; ++b) {
+      mla::barrier_expect_bytes(bars + 8 * b, kUpWeightBoxBytes + kUpLatentBoxBytes);
+      mla::tma_load(weights + b * kUpWeightBoxBytes, is_k ? maps.k : maps.v, is_k ? column0 : column0 - width,
+                    b * kUpBoxRows, bars + 8 * b);
+    }
+    // The latent is GEMM 1's output: read it once GEMM 1 has finished and flushed.
+    mla::wait_for_previous_kernel();
+    asm volatile("fence.proxy.async.global;" ::: "memory");  // GEMM 1's generic stores, TMA's reads
+    for (int b = 0; b < boxes; ++b) {
+      mla::tma_load(latent + b * kUpLatentBoxBytes, maps.latent, b * kUpBoxRows, 0, bars + 8 * b);
+    }
+  }
+
+  float d[8] = {};
+  mla::wgmma_fence();
+  for (int b = 0; b < boxes; ++b) {
+    mla::barrier_wait(bars + 8 * b, 0);
+#pragma unroll
+    for (int k = 0; k < kUpBoxRows / 16; ++k) {
+      // A: 16 depths are 16 rows of 128 bytes down the box; B: 16 depths are 32 bytes along a row.
+      wgmma_64x16x16(d, mla::descriptor(weights + b * kUpWeightBoxBytes + 16 * 128 * k, kUpWeightBoxBytes, 1024),
+                     mla::descriptor(latent + b * kUpLatentBoxBytes + 32 * k, 16, 1024));
+    }
+  }
+  mla::wgmma_commit();
+  mla::wgmma_wait<0>();
+  mla::fence_registers(d);
+
+  // wgmma's accumulator layout: rows (output columns) warp * 16 + lane / 4 and + 8, columns
+  // (tokens) 8 * i + 2 * (lane % 4) and + 1 in d[4 * i + 2 * half + j].
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int column = column0 + warp * 16 + lane / 4 + 8 * half, token = 8 * i + 2 * (lane % 4) + j;
+        if (token < tokens) out[int64_t(token) * 2 * width + column] = __float2bfloat16(d[4 * i + 2 * half + j]);
+      }
+    }
+  }
+}
+
+// Whether GEMM 2 runs on wgmma: bf16, the whole rank in shared memory, and output tiles of 64
+// columns that lie in w_up_k or in w_up_v.
+bool up_takes_wgmma(const MlaProblem& p) {
+  return p.dtype == MLA_BFLOAT16 && p.rank <= kUpMaxRank &&
+         (p.heads * p.head_dim) % kUpTileColumns == 0;
+}
+
+cudaError_t launch_up_on_wgmma(const MlaProblem& p, const bf16* latent, cudaStream_t stream) {
+  const int64_t width = p.heads * p.head_dim;
+  UpMaps maps;
+  if (!mla::make_swizzled_map(&maps.k, p.w_up_k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.rank, width, kUpBoxRows) ||
+      !mla::make_swizzled_map(&maps.v, p.w_up_v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.rank, width, kUpBoxRows) ||
+      !mla::make_swizzled_map(&maps.latent, latent, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.tokens, p.rank,
+                              kMmaTokens)) {
+    return cudaErrorInvalidValue;
+  }
+  const cudaError_t err = mla::allow_shared_memory(up_on_wgmma, size_t(kUpSharedBytes));
+  if (err != cudaSuccess) return err;
+  return mla::launch(true, mla::kNoClusters, up_on_wgmma, dim3(unsigned(2 * width / kUpTileColumns)),
+                     dim3(kUpThreads), size_t(kUpSharedBytes), stream, maps, static_cast<bf16*>(p.out),
+                     int(p.tokens), int(p.rank), int(width));
+}
+
 // A pass's split of its depth over a cluster: enough blocks to fill the GPU once, at most
-// kMaxSplits, and a row of each part for every depth group.
-int splits_of(int64_t columns, int64_t depth) {
+// kMaxSplits, a row of each part for every depth group, and at least least_rows rows a part.
+int splits_of(int64_t columns, int64_t depth, int least_rows) {
   const int64_t column_blocks = mla::ceil_div(columns, kColumns);
   const int64_t fill = std::max<int64_t>(1, mla::multiprocessor_count() / column_blocks);
-  return int(std::min<int64_t>({kMaxSplits, fill, mla::ceil_div(depth, kDepthGroups)}));
+  return int(std::min<int64_t>({kMaxSplits, fill, mla::ceil_div(depth, kDepthGroups), mla::ceil_div(depth, least_rows)}));
 }
+// A part's least depth: 512 rows, since below that the cluster's barriers and adds cost more than
+// the stream they share out (GEMM 1 at V2-Lite, 2,048 deep: 4.7 µs over clusters of 4 against 5.9
+// over 8 at 16 bf16 tokens, H100), but for one fp32 token, whose wider rows (32 bytes of 8 weights)
+// were measured slower over 4 (10.4 against 10.1 µs at V2-Lite).
+template <typename T>
+int least_part_rows(int64_t tokens) { return std::is_same_v<T, float> && tokens == 1 ? 1 : 512; }
 int part_depth_of(int64_t depth, int splits) { return int(mla::ceil_div(depth, splits)); }
 
 // use(std::integral_constant<int, n>()) for the token count n the FFMA kernels are compiled for:
@@ -408,8 +529,9 @@ int pass_shared_bytes(int64_t tokens, int part_depth) {
 template <typename T>
 bool fits(const MlaProblem& p) {
   const int64_t columns = 2 * p.heads * p.head_dim;
-  const int down_part = part_depth_of(p.d_model, splits_of(p.rank, p.d_model));
-  const int up_part = part_depth_of(p.rank, splits_of(columns, p.rank));
+  const int least = least_part_rows<T>(p.tokens);
+  const int down_part = part_depth_of(p.d_model, splits_of(p.rank, p.d_model, least));
+  const int up_part = part_depth_of(p.rank, splits_of(columns, p.rank, least));
   return pass_shared_bytes<T>(p.tokens, down_part) <= kSharedBudget &&
          pass_shared_bytes<T>(p.tokens, up_part) <= kSharedBudget;
 }
@@ -435,6 +557,13 @@ cudaError_t launch_pass(Kernel kernel, const P& pass, int splits, cudaStream_t s
                      size_t(bytes), stream, pass);
 }
 
+// GEMM 1's pass: the tokens of hidden and w_down into the latent, d_model split `splits` ways.
+template <typename T, typename Latent>
+Pass<T, T, Latent> down_pass(const MlaProblem& p, const mla::Problem<T>& m, Latent* latent, int splits) {
+  return {m.hidden, p.d_model, m.down, latent, p.rank, int(p.tokens), int(p.d_model), int(p.rank),
+          part_depth_of(p.d_model, splits), false};
+}
+
 // GEMM 1, then GEMM 2 as its programmatic dependent, the latent between them in the workspace as
 // Latent: bf16 on the tensor-core path, which rounds it to bf16 for its A fragments anyway and
 // so halves the bytes each GEMM 2 block reads of it; fp32 on FFMA.
@@ -442,18 +571,31 @@ template <typename T, typename Latent, typename DownKernel, typename UpKernel>
 cudaError_t launch_passes(const MlaProblem& p, cudaStream_t stream, DownKernel down_kernel, UpKernel up_kernel) {
   const mla::Problem<T> m = mla::Problem<T>::of(p);
   Latent* latent = static_cast<Latent*>(p.workspace);
-  const int down_splits = splits_of(p.rank, p.d_model), up_splits = splits_of(m.columns, p.rank);
-  const Pass<T, T, Latent> down{m.hidden, p.d_model, m.down, latent, p.rank, int(p.tokens), int(p.d_model),
-                                int(p.rank), part_depth_of(p.d_model, down_splits), false};
+  const int least = least_part_rows<T>(p.tokens);
+  const int down_splits = splits_of(p.rank, p.d_model, least), up_splits = splits_of(m.columns, p.rank, least);
+  const Pass<T, T, Latent> down = down_pass(p, m, latent, down_splits);
   const Pass<T, Latent, T> up{latent, p.rank, m.up, m.out, m.columns, int(p.tokens), int(p.rank), int(m.columns),
                               part_depth_of(p.rank, up_splits), true};
   const cudaError_t err = launch_pass(down_kernel, down, down_splits, stream);
   return err != cudaSuccess ? err : launch_pass(up_kernel, up, up_splits, stream);
 }
 
+// GEMM 1 (on FFMA for one token, on mma.sync from two), then GEMM 2 on wgmma as its programmatic
+// dependent, the latent between them in bf16, as wgmma takes it.
+cudaError_t launch_down_then_up_on_wgmma(const MlaProblem& p, cudaStream_t stream) {
+  bf16* latent = static_cast<bf16*>(p.workspace);
+  const int splits = splits_of(p.rank, p.d_model, least_part_rows<bf16>(p.tokens));
+  const Pass<bf16, bf16, bf16> down = down_pass(p, mla::Problem<bf16>::of(p), latent, splits);
+  const cudaError_t err = math_for<bf16>(p.tokens) == Math::kMma
+                              ? launch_pass(stream_weights_mma, down, splits, stream)
+                              : launch_pass(stream_weights_ffma<bf16, bf16, bf16, 1>, down, splits, stream);
+  return err != cudaSuccess ? err : launch_up_on_wgmma(p, latent, stream);
+}
+
 template <typename T>
 cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bf16>) {
+    if (up_takes_wgmma(p)) return launch_down_then_up_on_wgmma(p, stream);
     if (math_for<T>(p.tokens) == Math::kMma) {
       return launch_passes<T, bf16>(p, stream, stream_weights_mma, stream_weights_mma);
     }

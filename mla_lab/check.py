@@ -111,14 +111,19 @@ SHAPE_MATRIX: tuple[Shape, ...] = (
     # step 11: d_model split over a cluster of 3 with a short last part, 64-token tiles with a
     # tail, and the k|v boundary inside a 32-column tile
     STEP11_SPLIT := Shape(1, 70, 1000, 72, 3, 40),
-    # step 12: 7 tokens in the 8-token kernel, d_model split over a cluster of 8 with a short last
-    # part, and the k|v boundary inside a 32-column block
+    # step 12: 7 tokens in the 8-token kernel, d_model split over a cluster of 6 (parts of at least
+    # 512 rows) with a short last part, and the k|v boundary inside a 32-column block
     STEP12_SPLIT := Shape(1, 7, 2999, 72, 3, 40),
+    # step 12: 10 bf16 tokens take GEMM 2 on wgmma in 64-column tiles; the rank's last box holds
+    # 8 of its 64 depths (200 = 3 x 64 + 8) and the latent's 16 rows hold 10 tokens
+    STEP12_WGMMA := Shape(2, 5, 520, 200, 3, 64),
 )
 
-# Small shapes for slow checkers (compute-sanitizer): one token, odd sizes, rank 1, hd 1, D 1,
-# and those that take step 6's cluster, exchange and split paths and steps 11 and 12's splits.
-QUICK_SHAPES = (*SHAPE_MATRIX[1:7], STEP6_CLUSTER, STEP6_EXCHANGE, STEP6_SPLIT, STEP11_SPLIT, STEP12_SPLIT)
+# Small shapes for slow checkers (compute-sanitizer): one token, odd sizes, rank 1, hd 1, D 1, and
+# those that take step 6's cluster, exchange and split paths, steps 11 and 12's splits and step 12's
+# wgmma.
+QUICK_SHAPES = (*SHAPE_MATRIX[1:7], STEP6_CLUSTER, STEP6_EXCHANGE, STEP6_SPLIT, STEP11_SPLIT, STEP12_SPLIT,
+                STEP12_WGMMA)
 
 
 @dataclass

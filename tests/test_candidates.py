@@ -36,12 +36,12 @@ def write_candidate(folder, name, header, body):
     return path
 
 
-def diff_of(old_line, new_line):
-    """A one-line change to step 12's source, as a unified diff that git applies."""
-    lines = (steps.REPO / STEP_12).read_text().splitlines()
+def diff_of(old_line, new_line, source=STEP_12):
+    """A one-line change to a step's source (step 12's unless named), as a unified diff that git applies."""
+    lines = (steps.REPO / source).read_text().splitlines()
     at = lines.index(old_line)
     after = "".join(f" {line}\n" for line in lines[at + 1:at + 3])  # context: git wants some
-    return f"--- a/{STEP_12}\n+++ b/{STEP_12}\n@@ -{at + 1},3 +{at + 1},3 @@\n-{old_line}\n+{new_line}\n{after}"
+    return f"--- a/{source}\n+++ b/{source}\n@@ -{at + 1},3 +{at + 1},3 @@\n-{old_line}\n+{new_line}\n{after}"
 
 
 FIRST_LINE = (steps.REPO / STEP_12).read_text().splitlines()[0]
@@ -106,11 +106,15 @@ def test_the_rule_keeps_a_candidate_only_at_its_gain_and_slower_nowhere(tmp_path
 
 
 def test_a_candidate_may_ask_for_sm_90a_and_is_built_for_it(tmp_path):
+    step_11 = steps.get(11)  # built for sm_90
+    source = step_11.source().relative_to(steps.REPO).as_posix()
+    first_line = step_11.source().read_text().splitlines()[0]
     rule = RULE + "Arch: sm_90a\n"
-    candidate = candidates.Candidate.load(write_candidate(tmp_path, "12_wgmma.patch", rule, diff_of(FIRST_LINE, "// x")))
+    candidate = candidates.Candidate.load(write_candidate(tmp_path, "11_wgmma.patch", rule,
+                                                          diff_of(first_line, "// x", source)))
     assert candidate.built_as.arch_flags == steps.HOPPER_ARCH_FLAGS != candidate.step.arch_flags
-    assert candidates.Candidate.load(write_candidate(tmp_path, "12_plain.patch", RULE, diff_of(FIRST_LINE, "// x"))
-                                     ).built_as is steps.get(12)
+    assert candidates.Candidate.load(write_candidate(tmp_path, "11_plain.patch", RULE,
+                                                     diff_of(first_line, "// x", source))).built_as is step_11
     with pytest.raises(ab.ABProblem, match='its "Arch: sm_100" is no target a candidate may ask for'):
         candidates.Candidate.load(write_candidate(tmp_path, "12_far.patch", RULE + "Arch: sm_100\n",
                                                   diff_of(FIRST_LINE, "// x")))
