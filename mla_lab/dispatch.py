@@ -22,10 +22,10 @@ from . import build, steps
 # for a few tokens: in the H100 sweep of sources ff03de2abf1d it took 16.1 µs at V2-Lite 64 tokens
 # against step 11's 20.0, and 15.1 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
-# Up to this many tokens, step 12 (the weights streamed into FFMA, or in bf16 from two tokens into
-# mma.sync) beats step 11. In the H100 sweep of sources ff03de2abf1d, V2-Lite, µs: bf16 7.7 against
-# 9.7 at 1 token, 9.3 against 10.8 at 5, 9.8 against 11.3 at 16; fp32 10.0 against 17.3 at 1,
-# 13.9 against 17.8 at 5, 18.1 against 19.1 at 16. Its kernel takes at most 16 tokens.
+# Up to this many tokens, step 12 (the weights streamed into FFMA, or in bf16 into mma.sync and
+# wgmma) beats step 11. In the H100 sweep of sources 991e5c1ceb28, V2-Lite, µs: bf16 6.2 against
+# 9.7 at 1 token, 6.4 against 10.8 at 5, 6.6 against 11.4 at 16; fp32 10.1 against 17.3 at 1,
+# 12.2 against 17.9 at 5, 15.6 against 19.1 at 16. Its kernel takes at most 16 tokens.
 WEIGHT_STREAM_TOKENS = {torch.bfloat16: 16, torch.float32: 16}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
 # In fp32, step 10 (k split over blocks for few tokens) overtakes step 11 between 16 and 64 tokens,
