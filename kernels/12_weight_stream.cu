@@ -14,10 +14,10 @@
 //   interleaved, and a thread's sums take 16 registers for any token count, where FFMA's take 8 a
 //   token. fp32 (at fp32's accuracy) and bf16's single token stay on FFMA, 8 columns a thread.
 // - A block owns 32 columns and splits its depth over its threads, whose sums are added in shared
-//   memory. GEMM 1 (depth d_model) also splits d_model over a cluster of up to 8 blocks, parts of
-//   at least 512 rows but for one fp32 token, added through distributed shared memory, into a
-//   scratch buffer: in bf16 where GEMM 2 runs on the tensor cores (they take bf16 operands, and
-//   each GEMM 2 block reads the whole latent, so bf16 halves that traffic), in fp32 on FFMA.
+//   memory. GEMM 1 (depth d_model) also splits d_model over a cluster of up to 8 blocks, added
+//   through distributed shared memory, into a scratch buffer: in bf16 on the tensor-core path
+//   (GEMM 2 rounds its A fragments to bf16 anyway, and each of its blocks reads the whole latent,
+//   so bf16 halves that traffic), in fp32 on FFMA.
 // - GEMM 2 is launched as a programmatic dependent: its blocks load their first weight rows while
 //   GEMM 1 runs and wait (griddepcontrol.wait) only before they read the latent.
 // - In bf16, where the outputs come in 64-column tiles, GEMM 2 runs on wgmma with its
