@@ -1,4 +1,4 @@
-// Step 12 — one to sixteen tokens: every SM streams its share of the weights straight into its math.
+// Step 12 — one to sixteen tokens (bf16: to 256): every SM streams its share of the weights into its math.
 //
 // What changed from step 11, and why: with a handful of tokens the projection is a matrix-vector
 // product, each weight used once per token, and the weights are almost every byte (6.3 MB at
@@ -15,18 +15,23 @@
 //   token. fp32 (at fp32's accuracy) and bf16's single token stay on FFMA, 8 columns a thread.
 // - A block owns 32 columns and splits its depth over its threads, whose sums are added in shared
 //   memory. GEMM 1 (depth d_model) also splits d_model over a cluster of up to 8 blocks, added
-//   through distributed shared memory, into a scratch buffer: in bf16 on the tensor-core path
-//   (GEMM 2 rounds its A fragments to bf16 anyway, and each of its blocks reads the whole latent,
-//   so bf16 halves that traffic), in fp32 on FFMA.
+//   through distributed shared memory, into a scratch buffer: in bf16 wherever GEMM 2 runs on the
+//   tensor cores (it rounds its operands to bf16 anyway, and each of its blocks reads the whole
+//   latent, so bf16 halves that traffic), in fp32 otherwise.
 // - GEMM 2 is launched as a programmatic dependent: its blocks load their first weight rows while
 //   GEMM 1 runs and wait (griddepcontrol.wait) only before they read the latent.
 // - In bf16, where the outputs come in 64-column tiles, GEMM 2 runs on wgmma with its
 //   operands swapped: a block's 64 weight columns are A (TMA copies them, MN-major, into shared
 //   memory, all of the rank at once, before the wait), the latent's token rows are B (N = 16), and
 //   one warpgroup multiplies them with no register staging and few instructions per weight.
+// - Past 16 bf16 tokens GEMM 1 swaps its operands onto wgmma too: 64 columns of w_down are A, a
+//   64-token tile of hidden is B, d_model is split over a cluster of up to 8 blocks that stream
+//   their boxes through a 4-stage TMA ring, and the parts are added through distributed shared
+//   memory into a bf16 latent; GEMM 2 takes a grid row per token tile.
 // Runs on sm_90a with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
-// weights and a token slice that fits shared memory (mla_takes); the binding runs the others on
-// step 4. Notes: kernels/12_weight_stream.md.
+// weights and a token slice that fits shared memory, or in bf16 with 17 to 256 tokens where rank
+// <= 512, heads * head_dim is a multiple of 64, d_model of 8 and hidden is 16-byte aligned
+// (mla_takes); the binding runs the others on step 4. Notes: kernels/12_weight_stream.md.
 
 #include <stdint.h>
 
@@ -380,42 +385,87 @@ __global__ void __launch_bounds__(kThreads, 2) stream_weights_mma(const Pass<bf1
   add_and_store<kMmaTokens>(p, warp_sums, block_sums);
 }
 
-// ---- GEMM 2 on wgmma, operands swapped: C^T (64 output columns x 16 tokens) = W^T @ latent^T -----
-// A is a block's 64 columns of [w_up_k | w_up_v] (M = 64, MN-major: TMA boxes of kUpBoxRows rows
-// of the rank, each row 64 columns in 128 bytes, 128-byte swizzled); B is the latent (N = 16 token
-// rows, K-major: boxes of 16 rows of 64 depths, zeros past the call's tokens and past the rank).
-// Every box of the rank is in flight at once, the weights' before griddepcontrol.wait.
-constexpr int kUpTileColumns = 64;                       // wgmma's M
-constexpr int kUpBoxRows = 64;                           // depths a box holds
+// ---- GEMMs on wgmma, operands swapped: C^T (64 output columns x kN tokens) = W^T @ rows^T -------
+// A is a block's 64 columns of the weights (M = 64, MN-major: TMA boxes of kBoxDepths rows of the
+// depth, each row 64 columns in 128 bytes, 128-byte swizzled); B is a tile of kN token rows (the
+// latent for GEMM 2, hidden for GEMM 1; K-major: boxes of kN rows of 64 depths, zeros past the
+// call's tokens and past the depth).
+constexpr int kTileColumns = 64;                         // wgmma's M
+constexpr int kBoxDepths = 64;                           // depths a box holds
+constexpr int kWeightBoxBytes = kBoxDepths * 128;        // 64 depths x 64 columns of bf16
+constexpr int kWarpgroup = 128;                          // a block is one warpgroup
+constexpr int kTileTokens = 64;                          // tokens a tile holds past kMaxTokens
+constexpr int kTiledMaxTokens = 256;
+template <int kN>
+constexpr int kRowsBoxBytes = kN * 128;                  // kN tokens x 64 depths of bf16
+
+// d += A (64 x 16, MN-major: the first transpose flag) @ B (16 x kN, K-major); kN / 2 fp32 a thread.
+template <int kN>
+__device__ __forceinline__ void wgmma_swapped(float (&d)[kN / 2], uint64_t a, uint64_t b) {
+  if constexpr (kN == 16) {
+    asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, accumulate, 1, 1, 1, 0;\n}\n"
+        : MLA_WGMMA_ACC8(d, 0)
+        : "l"(a), "l"(b), "r"(1));
+  } else {
+    static_assert(kN == 64, "wgmma_swapped is written for 16 and 64 tokens");
+    asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MLA_WGMMA_D32 ", %32, %33, accumulate, 1, 1, 1, 0;\n}\n"
+        : MLA_WGMMA_ACC32(d, 0)
+        : "l"(a), "l"(b), "r"(1));
+  }
+}
+
+// The 4 wgmma of one box: A's 16 depths are 16 rows of 128 bytes down its box, B's 32 bytes along
+// its rows.
+template <int kN>
+__device__ __forceinline__ void multiply_box(float (&d)[kN / 2], uint32_t weights_box, uint32_t rows_box) {
+#pragma unroll
+  for (int k = 0; k < kBoxDepths / 16; ++k) {
+    wgmma_swapped<kN>(d, mla::descriptor(weights_box + 16 * 128 * k, kWeightBoxBytes, 1024),
+                      mla::descriptor(rows_box + 32 * k, 16, 1024));
+  }
+}
+
+// wgmma's accumulator layout: rows (output columns) warp * 16 + lane / 4 and + 8, columns (tokens)
+// 8 * i + 2 * (lane % 4) and + 1 in d[4 * i + 2 * half] and the next; use(column, token, first,
+// second) for each such pair of adjacent tokens.
+template <int kN, class Use>
+__device__ __forceinline__ void for_each_pair(const float (&d)[kN / 2], Use use) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      use(warp * 16 + lane / 4 + 8 * half, 8 * i + 2 * (lane % 4), d[4 * i + 2 * half], d[4 * i + 2 * half + 1]);
+    }
+  }
+}
+
+// GEMM 2: every box of the rank in flight at once, the weights' before griddepcontrol.wait; blockIdx.y
+// picks the tile of kN tokens.
 constexpr int kUpMaxRank = 512;                          // the whole rank in shared memory
-constexpr int kUpBoxes = kUpMaxRank / kUpBoxRows;
-constexpr int kUpWeightBoxBytes = kUpBoxRows * 128;      // 64 depths x 64 columns of bf16
-constexpr int kUpLatentBoxBytes = kMmaTokens * 128;      // 16 tokens x 64 depths of bf16
-constexpr int kUpThreads = 128;                          // one warpgroup
-constexpr int kUpSharedBytes = 1024 + kUpBoxes * (kUpWeightBoxBytes + kUpLatentBoxBytes) + kUpBoxes * 8;
+constexpr int kUpBoxes = kUpMaxRank / kBoxDepths;
+template <int kN>
+constexpr int kUpSharedBytes = 1024 + kUpBoxes * (kWeightBoxBytes + kRowsBoxBytes<kN>) + kUpBoxes * 8;
 
 struct UpMaps {
   CUtensorMap k, v, latent;  // w_up_k and w_up_v (rank x width), the latent (tokens x rank)
 };
 
-// d += A (64 x 16, MN-major: the first transpose flag) @ B (16 x 16, K-major); 8 fp32 a thread.
-__device__ __forceinline__ void wgmma_64x16x16(float (&d)[8], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, accumulate, 1, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(a), "l"(b), "r"(1));
-}
-
-__global__ void __launch_bounds__(kUpThreads) up_on_wgmma(const __grid_constant__ UpMaps maps, bf16* __restrict__ out,
-                                                          int tokens, int rank, int width) {
+template <int kN>
+__global__ void __launch_bounds__(kWarpgroup) up_on_wgmma(const __grid_constant__ UpMaps maps, bf16* __restrict__ out,
+                                                         int tokens, int rank, int width) {
   extern __shared__ uint8_t shared_raw[];
   const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte rows
-  const uint32_t weights = base, latent = base + kUpBoxes * kUpWeightBoxBytes;
-  const uint32_t bars = latent + kUpBoxes * kUpLatentBoxBytes;
-  const int boxes = int(mla::ceil_div(rank, kUpBoxRows));
-  const int column0 = int(blockIdx.x) * kUpTileColumns;  // a tile lies in k or in v: width % 64 == 0
+  const uint32_t weights = base, latent = base + kUpBoxes * kWeightBoxBytes;
+  const uint32_t bars = latent + kUpBoxes * kRowsBoxBytes<kN>;
+  const int boxes = int(mla::ceil_div(rank, kBoxDepths));
+  const int column0 = int(blockIdx.x) * kTileColumns;  // a tile lies in k or in v: width % 64 == 0
+  const int token0 = kN > kMaxTokens ? int(blockIdx.y) * kN : 0;  // up to kMaxTokens tokens are one tile
   const bool is_k = column0 < width;
   mla::launch_dependents();
   if (threadIdx.x == 0) {
@@ -425,70 +475,156 @@ __global__ void __launch_bounds__(kUpThreads) up_on_wgmma(const __grid_constant_
   __syncthreads();  // the barriers are initialized before a copy completes on them or anyone waits
   if (threadIdx.x == 0) {
     for (int b = 0; b < boxes; ++b) {
-      mla::barrier_expect_bytes(bars + 8 * b, kUpWeightBoxBytes + kUpLatentBoxBytes);
-      mla::tma_load(weights + b * kUpWeightBoxBytes, is_k ? maps.k : maps.v, is_k ? column0 : column0 - width,
-                    b * kUpBoxRows, bars + 8 * b);
+      mla::barrier_expect_bytes(bars + 8 * b, kWeightBoxBytes + kRowsBoxBytes<kN>);
+      mla::tma_load(weights + b * kWeightBoxBytes, is_k ? maps.k : maps.v, is_k ? column0 : column0 - width,
+                    b * kBoxDepths, bars + 8 * b);
     }
     // The latent is GEMM 1's output: read it once GEMM 1 has finished and flushed.
     mla::wait_for_previous_kernel();
     asm volatile("fence.proxy.async.global;" ::: "memory");  // GEMM 1's generic stores, TMA's reads
     for (int b = 0; b < boxes; ++b) {
-      mla::tma_load(latent + b * kUpLatentBoxBytes, maps.latent, b * kUpBoxRows, 0, bars + 8 * b);
+      mla::tma_load(latent + b * kRowsBoxBytes<kN>, maps.latent, b * kBoxDepths, token0, bars + 8 * b);
     }
   }
 
-  float d[8] = {};
+  float d[kN / 2] = {};
   mla::wgmma_fence();
   for (int b = 0; b < boxes; ++b) {
     mla::barrier_wait(bars + 8 * b, 0);
-#pragma unroll
-    for (int k = 0; k < kUpBoxRows / 16; ++k) {
-      // A: 16 depths are 16 rows of 128 bytes down the box; B: 16 depths are 32 bytes along a row.
-      wgmma_64x16x16(d, mla::descriptor(weights + b * kUpWeightBoxBytes + 16 * 128 * k, kUpWeightBoxBytes, 1024),
-                     mla::descriptor(latent + b * kUpLatentBoxBytes + 32 * k, 16, 1024));
-    }
+    multiply_box<kN>(d, weights + b * kWeightBoxBytes, latent + b * kRowsBoxBytes<kN>);
   }
   mla::wgmma_commit();
   mla::wgmma_wait<0>();
   mla::fence_registers(d);
+  for_each_pair<kN>(d, [&](int column, int token, float first, float second) {
+    bf16* const at = out + int64_t(token0 + token) * 2 * width + column0 + column;
+    if (token0 + token < tokens) at[0] = __float2bfloat16(first);
+    if (token0 + token + 1 < tokens) at[2 * width] = __float2bfloat16(second);
+  });
+}
 
-  // wgmma's accumulator layout: rows (output columns) warp * 16 + lane / 4 and + 8, columns
-  // (tokens) 8 * i + 2 * (lane % 4) and + 1 in d[4 * i + 2 * half + j].
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int column = column0 + warp * 16 + lane / 4 + 8 * half, token = 8 * i + 2 * (lane % 4) + j;
-        if (token < tokens) out[int64_t(token) * 2 * width + column] = __float2bfloat16(d[4 * i + 2 * half + j]);
-      }
-    }
+// GEMM 1 from kMaxTokens + 1 tokens: a block owns 64 columns of the latent and a tile of kN tokens,
+// and its cluster (along y) splits d_model into parts of part_boxes boxes; the boxes stream through
+// a ring of kDownStages. The cluster's blocks add their sums through distributed shared memory,
+// each adding and storing every splits-th.
+constexpr int kDownStages = 4;
+template <int kN>
+constexpr int kDownSharedBytes =
+    1024 + kDownStages * (kWeightBoxBytes + kRowsBoxBytes<kN>) + kTileColumns * kN * 4 + kDownStages * 8;
+
+struct DownMaps {
+  CUtensorMap weights, hidden;  // w_down (d_model x rank), hidden (tokens x d_model)
+};
+
+template <int kN>
+__global__ void __launch_bounds__(kWarpgroup) down_on_wgmma(const __grid_constant__ DownMaps maps,
+                                                           bf16* __restrict__ latent, int tokens, int rank,
+                                                           int depth_boxes, int part_boxes) {
+  extern __shared__ uint8_t shared_raw[];
+  const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
+  const uint32_t weights = base, rows = base + kDownStages * kWeightBoxBytes;
+  const uint32_t bars = rows + kDownStages * kRowsBoxBytes<kN> + kTileColumns * kN * 4;
+  float* const block_sums = reinterpret_cast<float*>(shared_raw + (rows + kDownStages * kRowsBoxBytes<kN> -
+                                                                    mla::shared_address(shared_raw)));
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), part = int(cluster.block_rank());
+  const int first_box = part * part_boxes, boxes = min(part_boxes, depth_boxes - first_box);
+  const int column0 = int(blockIdx.x) * kTileColumns, token0 = int(blockIdx.z) * kN;
+  mla::launch_dependents();
+  const auto fetch = [&](int b) {  // box b of the part into its stage
+    const uint32_t stage = b % kDownStages, bar = bars + 8 * stage;
+    mla::barrier_expect_bytes(bar, kWeightBoxBytes + kRowsBoxBytes<kN>);
+    mla::tma_load(weights + stage * kWeightBoxBytes, maps.weights, column0, (first_box + b) * kBoxDepths, bar);
+    mla::tma_load(rows + stage * kRowsBoxBytes<kN>, maps.hidden, (first_box + b) * kBoxDepths, token0, bar);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kDownStages; ++s) mla::barrier_init(bars + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < min(boxes, kDownStages); ++b) fetch(b);
+  }
+
+  float d[kN / 2] = {};
+  for (int b = 0; b < boxes; ++b) {
+    const int stage = b % kDownStages;
+    mla::barrier_wait(bars + 8 * stage, (b / kDownStages) & 1);
+    mla::wgmma_fence();
+    multiply_box<kN>(d, weights + stage * kWeightBoxBytes, rows + stage * kRowsBoxBytes<kN>);
+    mla::wgmma_commit();
+    mla::wgmma_wait<0>();
+    __syncthreads();  // every thread's wgmma has read the stage before it is filled again
+    if (threadIdx.x == 0 && b + kDownStages < boxes) fetch(b + kDownStages);
+  }
+  mla::fence_registers(d);
+
+  for_each_pair<kN>(d, [&](int column, int token, float first, float second) {
+    mla::store_whole<mla::Space::kShared>(block_sums + column * kN + token,
+                                          make_uint2(__float_as_uint(first), __float_as_uint(second)));
+  });
+  cluster.sync();
+  for (int i = part * kWarpgroup + int(threadIdx.x); i < kTileColumns * kN; i += kWarpgroup * splits) {
+    const int column = column0 + i / kN, token = token0 + i % kN;
+    if (column >= rank || token >= tokens) continue;
+    float total = 0.0f;
+    for (int r = 0; r < splits; ++r) total += cluster.map_shared_rank(block_sums, r)[i];
+    latent[int64_t(token) * rank + column] = __float2bfloat16(total);
+  }
+  // No block may leave while another still reads its sums.
+  cluster.sync();
 }
 
 // Whether GEMM 2 runs on wgmma: bf16, the whole rank in shared memory, and output tiles of 64
 // columns that lie in w_up_k or in w_up_v.
 bool up_takes_wgmma(const MlaProblem& p) {
   return p.dtype == MLA_BFLOAT16 && p.rank <= kUpMaxRank &&
-         (p.heads * p.head_dim) % kUpTileColumns == 0;
+         (p.heads * p.head_dim) % kTileColumns == 0;
 }
 
+template <int kN>
 cudaError_t launch_up_on_wgmma(const MlaProblem& p, const bf16* latent, cudaStream_t stream) {
   const int64_t width = p.heads * p.head_dim;
   UpMaps maps;
-  if (!mla::make_swizzled_map(&maps.k, p.w_up_k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.rank, width, kUpBoxRows) ||
-      !mla::make_swizzled_map(&maps.v, p.w_up_v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.rank, width, kUpBoxRows) ||
-      !mla::make_swizzled_map(&maps.latent, latent, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.tokens, p.rank,
-                              kMmaTokens)) {
+  if (!mla::make_swizzled_map(&maps.k, p.w_up_k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.rank, width, kBoxDepths) ||
+      !mla::make_swizzled_map(&maps.v, p.w_up_v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.rank, width, kBoxDepths) ||
+      !mla::make_swizzled_map(&maps.latent, latent, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.tokens, p.rank, kN)) {
     return cudaErrorInvalidValue;
   }
-  const cudaError_t err = mla::allow_shared_memory(up_on_wgmma, size_t(kUpSharedBytes));
+  const cudaError_t err = mla::allow_shared_memory(up_on_wgmma<kN>, size_t(kUpSharedBytes<kN>));
   if (err != cudaSuccess) return err;
-  return mla::launch(true, mla::kNoClusters, up_on_wgmma, dim3(unsigned(2 * width / kUpTileColumns)),
-                     dim3(kUpThreads), size_t(kUpSharedBytes), stream, maps, static_cast<bf16*>(p.out),
-                     int(p.tokens), int(p.rank), int(width));
+  return mla::launch(true, mla::kNoClusters, up_on_wgmma<kN>,
+                     dim3(unsigned(2 * width / kTileColumns), unsigned(mla::ceil_div(p.tokens, kN))), dim3(kWarpgroup),
+                     size_t(kUpSharedBytes<kN>), stream, maps, static_cast<bf16*>(p.out), int(p.tokens), int(p.rank),
+                     int(width));
+}
+
+// GEMM 1 on wgmma for kMaxTokens + 1 to kTiledMaxTokens bf16 tokens, then GEMM 2 on wgmma as its
+// programmatic dependent, both in tiles of kTileTokens. d_model is split so that the blocks
+// about fill the GPU once, into parts of whole boxes.
+cudaError_t launch_token_tiles(const MlaProblem& p, cudaStream_t stream) {
+  bf16* latent = static_cast<bf16*>(p.workspace);
+  DownMaps maps;
+  if (!mla::make_swizzled_map(&maps.weights, p.w_down, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.d_model, p.rank,
+                              kBoxDepths) ||
+      !mla::make_swizzled_map(&maps.hidden, p.hidden, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.tokens, p.d_model,
+                              kTileTokens)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t tiles = mla::ceil_div(p.rank, kTileColumns) * mla::ceil_div(p.tokens, kTileTokens);
+  const int depth_boxes = int(mla::ceil_div(p.d_model, kBoxDepths));
+  const int64_t fill = std::max<int64_t>(1, mla::multiprocessor_count() / tiles);
+  const int part_boxes = int(mla::ceil_div(depth_boxes, std::min<int64_t>({kMaxSplits, fill, depth_boxes})));
+  const int splits = int(mla::ceil_div(depth_boxes, part_boxes));  // every part holds a box
+  const int bytes = kDownSharedBytes<kTileTokens>;
+  cudaError_t err = mla::allow_shared_memory(down_on_wgmma<kTileTokens>, size_t(bytes));
+  if (err != cudaSuccess) return err;
+  err = mla::launch(false, unsigned(splits), down_on_wgmma<kTileTokens>,
+                    dim3(unsigned(mla::ceil_div(p.rank, kTileColumns)), unsigned(splits),
+                         unsigned(mla::ceil_div(p.tokens, kTileTokens))),
+                    dim3(kWarpgroup), size_t(bytes), stream, maps, latent, int(p.tokens), int(p.rank), depth_boxes,
+                    part_boxes);
+  return err != cudaSuccess ? err : launch_up_on_wgmma<kTileTokens>(p, latent, stream);
 }
 
 // A pass's split of its depth over a cluster: enough blocks to fill the GPU once, at most
@@ -536,14 +672,22 @@ bool fits(const MlaProblem& p) {
          pass_shared_bytes<T>(p.tokens, up_part) <= kSharedBudget;
 }
 
+// bf16 batches past kMaxTokens take both GEMMs on wgmma in token tiles: TMA reads hidden's rows
+// too, so they must be whole 16-byte runs.
+bool takes_token_tiles(const MlaProblem* p) {
+  return p->dtype == MLA_BFLOAT16 && p->tokens <= kTiledMaxTokens && up_takes_wgmma(*p) && p->d_model % 8 == 0 &&
+         mla::aligned16(p->hidden);
+}
+
 bool takes_fast_path(const MlaProblem* p) {
-  const bool sizes = p->tokens <= kMaxTokens && p->rank % 8 == 0 && (p->heads * p->head_dim) % 8 == 0 &&
+  const bool sizes = p->rank % 8 == 0 && (p->heads * p->head_dim) % 8 == 0 &&
                      p->d_model < (int64_t(1) << 30) && p->rank < (int64_t(1) << 30) &&
                      2 * p->heads * p->head_dim < (int64_t(1) << 30);
   const bool aligned = mla::aligned16(p->w_down) && mla::aligned16(p->w_up_k) &&
                        mla::aligned16(p->w_up_v);
-  const bool room = sizes && (p->dtype == MLA_FLOAT32 ? fits<float>(*p) : fits<bf16>(*p));
-  return mla::on_hopper() && sizes && aligned && room;
+  if (!mla::on_hopper() || !sizes || !aligned) return false;
+  if (p->tokens > kMaxTokens) return takes_token_tiles(p);
+  return p->dtype == MLA_FLOAT32 ? fits<float>(*p) : fits<bf16>(*p);
 }
 
 template <typename Kernel, typename P>
@@ -589,12 +733,13 @@ cudaError_t launch_down_then_up_on_wgmma(const MlaProblem& p, cudaStream_t strea
   const cudaError_t err = math_for<bf16>(p.tokens) == Math::kMma
                               ? launch_pass(stream_weights_mma, down, splits, stream)
                               : launch_pass(stream_weights_ffma<bf16, bf16, bf16, 1>, down, splits, stream);
-  return err != cudaSuccess ? err : launch_up_on_wgmma(p, latent, stream);
+  return err != cudaSuccess ? err : launch_up_on_wgmma<kMmaTokens>(p, latent, stream);
 }
 
 template <typename T>
 cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bf16>) {
+    if (p.tokens > kMaxTokens) return launch_token_tiles(p, stream);
     if (up_takes_wgmma(p)) return launch_down_then_up_on_wgmma(p, stream);
     if (math_for<T>(p.tokens) == Math::kMma) {
       return launch_passes<T, bf16>(p, stream, stream_weights_mma, stream_weights_mma);

@@ -317,8 +317,11 @@ def measure(
         torch.cuda.synchronize()
         return check.compare(got, expected, dtype, shape, check.tolerance(kernel, dtype))
 
-    correct: dict[str, check.Verdict | None] = {} if checked else dict.fromkeys(contenders)
-    for name in contenders if checked else ():
+    correct: dict[str, check.Verdict | None] = {}  # the contenders to time; a probe's have no verdict
+    for name in contenders:
+        if not checked:
+            correct[name] = None
+            continue
         try:
             verdict = verdict_of(name)
         except Exception as error:  # a contender that cannot run here is recorded, not fatal
@@ -343,12 +346,12 @@ def measure(
             floor = floor_us(shape, dtype, ceilings, passes) if ceilings else None
             record(timing.name, "ok", mode=mode, median_us=timing.median_us, p10_us=timing.low_us,
                    p90_us=timing.high_us, samples=timing.samples,
-                   rel_error=correct[timing.name].rel_error if checked else None,
+                   rel_error=getattr(correct[timing.name], "rel_error", None),
                    tflops=timing.tflops, gbps=shape.min_bytes(dtype) / (timing.median_us * 1e-6) / 1e9,
                    floor_us=floor, of_floor=floor / timing.median_us if floor else None,
                    prepare_us=prepare_us.get(timing.name))
         del timers
-    for name in correct if checked else ():
+    for name in (name for name, verdict in correct.items() if verdict is not None):
         after = verdict_of(name)
         if not after.ok:
             for r in results:

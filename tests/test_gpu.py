@@ -163,18 +163,24 @@ def _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) -> int
 
 
 def test_step12_runs_its_own_kernel_exactly_where_it_takes_the_inputs():
-    """kernels/12_weight_stream.cu's mla_takes (up to 16 tokens, its sizes, its shared memory) is the
-    one rule: where it says yes, step 12's own launcher runs and is correct; where it says no, that
+    """kernels/12_weight_stream.cu's mla_takes (up to 16 tokens, in bf16 up to 256 where its wgmma
+    tiles fit; its sizes, its shared memory) is the one rule: where it says yes, step 12's own launcher runs and is correct; where it says no, that
     launcher refuses (called straight, without the fallback to step 4). Every token count it
     compiles for, on both sides of its limit, at real widths and at odd ones."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 12's own kernel needs an sm_90 GPU; elsewhere it runs step 4")
     step = steps.load(12)
     own = steps.Kernel(steps.get(4), step.source, step.library)
-    shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in (1, 2, 3, 5, 9, 16, 17)),
+    shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in (1, 2, 3, 5, 9, 16, 17, 64, 200, 256, 257)),
               Shape(1, 16, 7168, 512, 16, 128), Shape(2, 3, 40, 8, 1, 8), Shape(1, 12, 4000, 136, 5, 24),
               Shape(1, 9, 200, 64, 2, 32)]
     assert _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) >= 16
+    shape = check.V2_LITE.with_tokens(1, 64)  # TMA reads hidden's token tiles: 16-byte aligned rows only
+    hidden, *weights = make_inputs(shape, torch.bfloat16, "cuda")
+    shifted = torch.empty(hidden.numel() + 1, dtype=hidden.dtype, device="cuda")[1:].view_as(hidden).copy_(hidden)
+    assert step.takes_fast_path(hidden, *weights) and not step.takes_fast_path(shifted, *weights)
+    assert check.compare(step(shifted, *weights, shape.heads), oracle((hidden, *weights), shape.heads),
+                         torch.bfloat16, shape, check.tolerance(step, torch.bfloat16)).ok
 
 
 @pytest.mark.parametrize("number, plain", [(9, 5), (10, 4)])
