@@ -146,6 +146,12 @@ def test_step8_runs_its_own_kernel_exactly_where_it_takes_the_inputs():
     assert _own_kernel_runs_exactly_where_it_takes_the_inputs(step8, own, shapes) >= 10
 
 
+def _offset_by_one(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t one element past its allocation's 16-byte alignment."""
+    buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    return buffer[1:].view(t.shape).copy_(t)
+
+
 def _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) -> int:
     """Where `step`'s mla_takes says yes, `own` (its launcher without the fallback) is correct; where
     it says no, `own` refuses. Returns how many of the shapes x dtypes took the step's own kernel."""
@@ -164,20 +170,22 @@ def _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) -> int
 
 def test_step12_runs_its_own_kernel_exactly_where_it_takes_the_inputs():
     """kernels/12_weight_stream.cu's mla_takes (up to 16 tokens, in bf16 up to 256 where its wgmma
-    tiles fit; its sizes, its shared memory) is the one rule: where it says yes, step 12's own launcher runs and is correct; where it says no, that
-    launcher refuses (called straight, without the fallback to step 4). Every token count it
-    compiles for, on both sides of its limit, at real widths and at odd ones."""
+    tiles fit; its sizes, its shared memory) is the one rule: where it says yes, step 12's own
+    launcher runs and is correct; where it says no, that launcher refuses (called straight, without
+    the fallback to step 4). Every token count it compiles for, on both sides of its limits, at real
+    widths and at odd ones."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 12's own kernel needs an sm_90 GPU; elsewhere it runs step 4")
     step = steps.load(12)
     own = steps.Kernel(steps.get(4), step.source, step.library)
-    shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in (1, 2, 3, 5, 9, 16, 17, 64, 200, 256, 257)),
+    token_counts = (1, 2, 3, 5, 9, 16, 17, 64, 200, 256, 257)
+    shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in token_counts),
               Shape(1, 16, 7168, 512, 16, 128), Shape(2, 3, 40, 8, 1, 8), Shape(1, 12, 4000, 136, 5, 24),
               Shape(1, 9, 200, 64, 2, 32)]
     assert _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) >= 16
     shape = check.V2_LITE.with_tokens(1, 64)  # TMA reads hidden's token tiles: 16-byte aligned rows only
     hidden, *weights = make_inputs(shape, torch.bfloat16, "cuda")
-    shifted = torch.empty(hidden.numel() + 1, dtype=hidden.dtype, device="cuda")[1:].view_as(hidden).copy_(hidden)
+    shifted = _offset_by_one(hidden)
     assert step.takes_fast_path(hidden, *weights) and not step.takes_fast_path(shifted, *weights)
     assert check.compare(step(shifted, *weights, shape.heads), oracle((hidden, *weights), shape.heads),
                          torch.bfloat16, shape, check.tolerance(step, torch.bfloat16)).ok
@@ -198,7 +206,7 @@ def test_steps_9_and_10_run_their_own_kernel_exactly_where_they_take_the_inputs(
     assert _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, check.SHAPE_MATRIX) >= 10
     shape = Shape(1, 7, 64, 16, 2, 8)
     hidden, *weights = make_inputs(shape, torch.float32, "cuda")
-    shifted = torch.empty(hidden.numel() + 1, device="cuda")[1:].view_as(hidden).copy_(hidden)  # 4 bytes past 16
+    shifted = _offset_by_one(hidden)  # 4 bytes past 16
     assert not step.takes_fast_path(shifted, *weights)
     with pytest.raises(RuntimeError, match="not supported"):
         own(shifted, *weights, shape.heads)
@@ -264,14 +272,9 @@ def test_outputs_beyond_2_31_elements_are_indexed_correctly(kernel):
 
 
 def test_views_that_break_16_byte_alignment_are_correct(kernel):
-    def offset_by_one(t):
-        buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-        view = buffer[1:].view(t.shape)  # one element past the allocation's alignment
-        return view.copy_(t)
-
     shape = Shape(2, 33, 129, 20, 3, 12)
     inputs = make_inputs(shape, torch.float32, "cuda", seed=5)
-    shifted = Inputs(*(offset_by_one(t) for t in inputs))
+    shifted = Inputs(*(_offset_by_one(t) for t in inputs))
     assert all(t.data_ptr() % 16 for t in shifted)
     verdict = check.compare(kernel(*shifted, shape.heads), oracle(inputs, shape.heads), torch.float32, shape,
                             check.tolerance(kernel, torch.float32))
