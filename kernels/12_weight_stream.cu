@@ -27,7 +27,9 @@
 // - Past 16 bf16 tokens GEMM 1 swaps its operands onto wgmma too: 64 columns of w_down are A, a
 //   64-token tile of hidden is B, d_model is split over a cluster of up to 8 blocks that stream
 //   their boxes through a 4-stage TMA ring, and the parts are added through distributed shared
-//   memory into a bf16 latent; GEMM 2 takes a grid row per token tile.
+//   memory into a bf16 latent; GEMM 2 takes a grid row per token tile, 64 tokens (128 past 128
+//   tokens, so that 256 tokens run in one wave and each block loads its weights once for twice the
+//   tokens).
 // Runs on sm_90a with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
 // weights and a token slice that fits shared memory, or in bf16 with 17 to 256 tokens where rank
 // <= 512, heads * head_dim is a multiple of 64, d_model of 8 and hidden is 16-byte aligned
@@ -396,6 +398,7 @@ constexpr int kWeightBoxBytes = kBoxDepths * 128;        // 64 depths x 64 colum
 constexpr int kWarpgroup = 128;                          // a block is one warpgroup
 constexpr int kTileTokens = 64;                          // tokens a tile holds past kMaxTokens
 constexpr int kTiledMaxTokens = 256;
+constexpr int kWideTileTokens = 128;                     // GEMM 2's token tile past 128 tokens
 template <int kN>
 constexpr int kRowsBoxBytes = kN * 128;                  // kN tokens x 64 depths of bf16
 
@@ -409,12 +412,18 @@ __device__ __forceinline__ void wgmma_swapped(float (&d)[kN / 2], uint64_t a, ui
         "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, accumulate, 1, 1, 1, 0;\n}\n"
         : MLA_WGMMA_ACC8(d, 0)
         : "l"(a), "l"(b), "r"(1));
-  } else {
-    static_assert(kN == 64, "wgmma_swapped is written for 16 and 64 tokens");
+  } else if constexpr (kN == 64) {
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MLA_WGMMA_D32 ", %32, %33, accumulate, 1, 1, 1, 0;\n}\n"
         : MLA_WGMMA_ACC32(d, 0)
+        : "l"(a), "l"(b), "r"(1));
+  } else {
+    static_assert(kN == 128, "wgmma_swapped is written for 16, 64 and 128 tokens");
+    asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MLA_WGMMA_D64 ", %64, %65, accumulate, 1, 1, 1, 0;\n}\n"
+        : MLA_WGMMA_ACC64(d, 0)
         : "l"(a), "l"(b), "r"(1));
   }
 }
@@ -599,9 +608,9 @@ cudaError_t launch_up_on_wgmma(const MlaProblem& p, const bf16* latent, cudaStre
                      int(width));
 }
 
-// GEMM 1 on wgmma for kMaxTokens + 1 to kTiledMaxTokens bf16 tokens, then GEMM 2 on wgmma as its
-// programmatic dependent, both in tiles of kTileTokens. d_model is split so that the blocks
-// about fill the GPU once, into parts of whole boxes.
+// GEMM 1 on wgmma for kMaxTokens + 1 to kTiledMaxTokens bf16 tokens, in tiles of kTileTokens, then
+// GEMM 2 on wgmma as its programmatic dependent. d_model is split so that the blocks about fill the
+// GPU once, into parts of whole boxes.
 cudaError_t launch_token_tiles(const MlaProblem& p, cudaStream_t stream) {
   bf16* latent = static_cast<bf16*>(p.workspace);
   DownMaps maps;
@@ -624,7 +633,11 @@ cudaError_t launch_token_tiles(const MlaProblem& p, cudaStream_t stream) {
                          unsigned(mla::ceil_div(p.tokens, kTileTokens))),
                     dim3(kWarpgroup), size_t(bytes), stream, maps, latent, int(p.tokens), int(p.rank), depth_boxes,
                     part_boxes);
-  return err != cudaSuccess ? err : launch_up_on_wgmma<kTileTokens>(p, latent, stream);
+  if (err != cudaSuccess) return err;
+  // Past 128 tokens GEMM 2 takes 128-token tiles: a block's weight columns are loaded once for
+  // twice the tokens, and its grid is one wave at 256 tokens where 64-token tiles made two.
+  return p.tokens > kWideTileTokens ? launch_up_on_wgmma<kWideTileTokens>(p, latent, stream)
+                                    : launch_up_on_wgmma<kTileTokens>(p, latent, stream);
 }
 
 // A pass's split of its depth over a cluster: enough blocks to fill the GPU once, at most
