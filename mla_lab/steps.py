@@ -203,8 +203,7 @@ STEPS = (
         "for one to sixteen tokens (bf16: to 256): every SM streams its share of the weights straight into "
         "FFMAs (bf16 from two tokens into mma.sync, and GEMM 2 into wgmma with the weights as its A operand; "
         "past sixteen bf16 tokens both GEMMs on wgmma in 64-token tiles, GEMM 2's 128 past 128 tokens), "
-        "GEMM 1 split over a cluster, "
-        "GEMM 2 launched as a programmatic dependent",
+        "GEMM 1 split over a cluster, GEMM 2 launched as a programmatic dependent",
         max_rank=640,
         limit_reason="its fallback, step 4, takes rank <= 640",
         arch_flags=HOPPER_ARCH_FLAGS,
