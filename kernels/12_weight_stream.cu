@@ -32,7 +32,7 @@
 //   tokens).
 // Runs on sm_90a with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
 // weights and a token slice that fits shared memory, or in bf16 with 17 to 256 tokens where rank
-// <= 512, heads * head_dim is a multiple of 64, d_model of 8 and hidden is 16-byte aligned
+// <= 512, heads * head_dim is a multiple of 64, d_model a multiple of 8 and hidden 16-byte aligned
 // (mla_takes); the binding runs the others on step 4. Notes: kernels/12_weight_stream.md.
 
 #include <stdint.h>

@@ -180,7 +180,7 @@ def test_step12_runs_its_own_kernel_exactly_where_it_takes_the_inputs():
     own = steps.Kernel(steps.get(4), step.source, step.library)
     token_counts = (1, 2, 3, 5, 9, 16, 17, 64, 200, 256, 257)
     shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in token_counts),
-              *(check.V3.with_tokens(1, t) for t in (1, 37, 64)),  # 512 column tiles: more than the SMs
+              *(check.V3.with_tokens(1, t) for t in (1, 37, 64)),  # d_model 7,168; 512 GEMM 2 tiles, above the SMs
               Shape(1, 16, 7168, 512, 16, 128), Shape(2, 3, 40, 8, 1, 8), Shape(1, 12, 4000, 136, 5, 24),
               Shape(1, 9, 200, 64, 2, 32)]
     assert _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) >= 16
