@@ -182,7 +182,8 @@ def test_step12_runs_its_own_kernel_exactly_where_it_takes_the_inputs():
     shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in token_counts),
               *(check.V3.with_tokens(1, t) for t in (1, 37, 64)),  # d_model 7,168; 512 GEMM 2 tiles, above the SMs
               Shape(1, 16, 7168, 512, 16, 128), Shape(2, 3, 40, 8, 1, 8), Shape(1, 12, 4000, 136, 5, 24),
-              Shape(1, 9, 200, 64, 2, 32)]
+              Shape(1, 9, 200, 64, 2, 32),
+              Shape(1, 45, 1499, 136, 3, 40)]  # past 16 tokens with an odd d_model: hidden's rows are no 16-byte runs
     assert _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) >= 16
     shape = check.V2_LITE.with_tokens(1, 64)  # TMA reads hidden's token tiles: 16-byte aligned rows only
     hidden, *weights = make_inputs(shape, torch.bfloat16, "cuda")
