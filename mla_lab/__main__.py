@@ -222,12 +222,14 @@ def candidates(args: argparse.Namespace) -> int:
             built = f"; built for {c.arch}" if c.arch else ""
             print(f"{c.path.name}: step {c.step.number}, applies; at {', '.join(c.points)}; {rule}{built}")
         return 0
+    from . import build
     from .bench import device_line
 
-    outcomes = prepared.run(chosen)
+    build.require_gpu()  # before the device line names a GPU
     print(f"{device_line()}; graph replay, median µs (p10-p90); candidates checked against float64 first, "
-          "probes timed unchecked\n")
-    print(prepared.report(outcomes))
+          "probes timed unchecked", flush=True)
+    for outcome in prepared.each_judged(chosen):  # each reported as it is known
+        print(f"\n{prepared.report([outcome])}", flush=True)
     return 0
 
 

@@ -18,7 +18,8 @@ this checkout's step and checks it on the whole shape matrix (float64 reference,
 NaN-poisoned outputs, fresh inputs), then checks and times it beside the step as it stands, eager
 and cuBLAS, at its points, in one process (`mla_lab.ab`). Its rule, written before the run,
 then keeps it where its median is at least that much lower at that point and it is slower
-(outside the spread) at none of its points, and rejects it otherwise, or where it is wrong. A kept
+(outside the spread) at none of its points, and rejects it otherwise, or where it is wrong. Each
+outcome is printed as soon as it is known: one that hangs leaves those before it reported. A kept
 candidate becomes the step (`git apply kernels/candidates/NAME.patch`, then `make gpu-results`); a
 rejected one becomes a line in the step's notes, and its patch is deleted. The tests apply every
 patch and compile the result with nvcc, so a candidate that no longer fits its step fails there,
@@ -38,6 +39,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,27 +188,31 @@ def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
 def run(chosen: list[Candidate]) -> list[Outcome]:
     """Each candidate (as `all_candidates` read them) applied, built, checked and timed beside its
     step as it stands, then judged; each probe applied, built and timed, unchecked."""
-    outcomes = []
+    return list(each_judged(chosen))
+
+
+def each_judged(chosen: list[Candidate]) -> Iterator[Outcome]:
+    """`run`'s outcomes one at a time, each as soon as it is known: a later candidate that hangs or
+    outlasts the machine's time leaves those before it reported."""
     for candidate in chosen:
         with applied(candidate) as source, ab.built(candidate.built_as, str(source)) as after:
             if candidate.probe:
                 rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes), checked=False)
-                outcomes.append(Outcome(candidate, rows, False, f"probe, timed unchecked: {candidate.probe}"))
+                yield Outcome(candidate, rows, False, f"probe, timed unchecked: {candidate.probe}")
                 continue
             wrong = [f"{label}: {verdict}" for label, call in sweep.ways_to_call(candidate.name, after).items()
                      for verdict in check.check_matrix(call, "cuda", trials=1) if not verdict.ok]
             if wrong:
-                outcomes.append(Outcome(candidate, [], False, f"rejected: {len(wrong)} checks of the shape matrix "
-                                                              f"failed, the first {wrong[0]}"))
+                yield Outcome(candidate, [], False, f"rejected: {len(wrong)} checks of the shape matrix failed, "
+                                                    f"the first {wrong[0]}")
                 continue
             try:
                 rivals = {candidate.against: steps.load(candidate.rival)} if candidate.rival else {}
                 rows = ab.compare(steps.load(candidate.step), after, list(candidate.point_shapes), beside=rivals)
             except AssertionError as wrong:  # ab.compare's check against float64, at the timed points
-                outcomes.append(Outcome(candidate, [], False, f"rejected: {wrong}"))
+                yield Outcome(candidate, [], False, f"rejected: {wrong}")
                 continue
-        outcomes.append(judge(candidate, rows))
-    return outcomes
+        yield judge(candidate, rows)
 
 
 def report(outcomes: list[Outcome]) -> str:

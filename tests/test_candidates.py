@@ -210,6 +210,32 @@ def test_with_no_candidate_there_is_one_line_and_no_gpu_asked(tmp_path, monkeypa
     assert capsys.readouterr().out == "kernels/candidates/ holds no candidate: nothing to apply or judge\n"
 
 
+def test_each_outcome_is_printed_as_it_is_known_so_a_later_hang_loses_nothing(tmp_path, monkeypatch, capsys):
+    """Without a GPU: the GPU and the judging stood in for. The second candidate fails to finish
+    (as one that hangs until the machine is taken back would); the first's table is out already."""
+    from mla_lab import __main__ as cli
+
+    for name in ("12_first.patch", "12_second.patch"):
+        write_candidate(tmp_path, name, RULE, diff_of(FIRST_LINE, "// x"))
+    monkeypatch.setattr(candidates, "CANDIDATES_DIR", tmp_path)
+    monkeypatch.setattr(build, "require_gpu", lambda: None)
+    monkeypatch.setattr(bench, "device_line", lambda: "a GPU")
+    first, second = candidates.all_candidates()
+
+    def each_judged(chosen):
+        assert chosen == [first, second]
+        yield candidates.judge(first, [ab.Row("v2_lite@1 bf16", timing(7.7), timing(7.6), {}),
+                                       ab.Row("v2_lite@16 bf16", timing(11.7), timing(11.0), {})])
+        raise TimeoutError("the machine was taken back")
+
+    monkeypatch.setattr(candidates, "each_judged", each_judged)
+    with pytest.raises(TimeoutError):
+        cli.candidates(argparse.Namespace(names=[], list=False))
+    out = capsys.readouterr().out
+    assert out.startswith("a GPU; graph replay") and "## 12_first.patch" in out and "**kept: +0.70 µs" in out
+    assert "12_second" not in out
+
+
 def test_the_list_reads_and_applies_every_candidate_without_a_gpu():
     result = subprocess.run([sys.executable, "-m", "mla_lab", "candidates", "--list"], cwd=steps.REPO,
                             capture_output=True, text=True)
