@@ -185,15 +185,11 @@ def judge(candidate: Candidate, rows: list[ab.Row]) -> Outcome:
     return Outcome(candidate, rows, True, f"kept: {gained}; slower nowhere")
 
 
-def run(chosen: list[Candidate]) -> list[Outcome]:
-    """Each candidate (as `all_candidates` read them) applied, built, checked and timed beside its
-    step as it stands, then judged; each probe applied, built and timed, unchecked."""
-    return list(each_judged(chosen))
-
-
 def each_judged(chosen: list[Candidate]) -> Iterator[Outcome]:
-    """`run`'s outcomes one at a time, each as soon as it is known: a later candidate that hangs or
-    outlasts the machine's time leaves those before it reported."""
+    """Each candidate (as `all_candidates` read them) applied, built, checked and timed beside its
+    step as it stands, then judged; each probe applied, built and timed, unchecked. Each outcome is
+    yielded as soon as it is known, so a later candidate that hangs or outlasts the machine's time
+    leaves those before it reported."""
     for candidate in chosen:
         with applied(candidate) as source, ab.built(candidate.built_as, str(source)) as after:
             if candidate.probe:

@@ -162,7 +162,7 @@ def test_a_candidate_wrong_on_the_shape_matrix_is_rejected_before_it_is_timed(tm
 
     monkeypatch.setattr(check, "check_matrix", check_matrix)
     monkeypatch.setattr(ab, "compare", compare)
-    [outcome] = candidates.run(candidates.all_candidates())
+    [outcome] = candidates.each_judged(candidates.all_candidates())
     assert checked == ["cuda"] and not outcome.kept and outcome.rows == []
     assert outcome.why == (f"rejected: 1 checks of the shape matrix failed, the first 12_wrong: WRONG {odd.label()} "
                            "bfloat16: NaN left in 3 outputs")
@@ -191,7 +191,7 @@ def test_a_probe_is_timed_unchecked_and_never_judged(tmp_path, monkeypatch):
     monkeypatch.setattr(check, "check_matrix", never)
     monkeypatch.setattr(candidates, "judge", never)
     monkeypatch.setattr(ab, "compare", compare)
-    [outcome] = candidates.run(candidates.all_candidates())
+    [outcome] = candidates.each_judged(candidates.all_candidates())
     assert timed == [("the step", ["v2_lite@1 bf16"], False)]
     assert not outcome.kept and outcome.why == "probe, timed unchecked: GEMM 1 alone"
     assert "| v2_lite@1 bf16 | 15.0 (14.9-15.1) | 6.0 (5.9-6.1) | - | - | 0.400 |\n" in candidates.report([outcome]) + "\n"
@@ -256,7 +256,7 @@ def test_a_candidate_is_checked_timed_beside_its_step_and_judged(tmp_path, monke
     write_candidate(tmp_path, "12_same.patch", "Points: v2_lite@1 bf16\nKeep: 5 us faster at v2_lite@1 bf16\n",
                     diff_of(FIRST_LINE, "// the same kernel"))
     monkeypatch.setattr(candidates, "CANDIDATES_DIR", tmp_path)
-    [outcome] = candidates.run(candidates.all_candidates())
+    [outcome] = candidates.each_judged(candidates.all_candidates())
     assert [r.point for r in outcome.rows] == ["v2_lite@1 bf16"] and not outcome.kept
     assert {"eager", "cuBLAS concat"} <= set(outcome.rows[0].peers)
     assert outcome.why.startswith("rejected: ")
