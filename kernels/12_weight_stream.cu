@@ -517,9 +517,12 @@ __global__ void __launch_bounds__(kWarpgroup) up_on_wgmma(const __grid_constant_
 // a ring of kDownStages. The cluster's blocks add their sums through distributed shared memory,
 // each adding and storing every splits-th.
 constexpr int kDownStages = 4;
+// The block's sums, a token's 64 latent columns a row: 4 words of padding put the tokens 2q and
+// 2q + 1 (q = lane % 4) that a store instruction's lanes write in different banks.
+constexpr int kSumsRowPitch = kTileColumns + 4;
 template <int kN>
 constexpr int kDownSharedBytes =
-    1024 + kDownStages * (kWeightBoxBytes + kRowsBoxBytes<kN>) + kTileColumns * kN * 4 + kDownStages * 8;
+    1024 + kDownStages * (kWeightBoxBytes + kRowsBoxBytes<kN>) + kN * kSumsRowPitch * 4 + kDownStages * 8;
 
 struct DownMaps {
   CUtensorMap weights, hidden;  // w_down (d_model x rank), hidden (tokens x d_model)
@@ -532,7 +535,7 @@ __global__ void __launch_bounds__(kWarpgroup) down_on_wgmma(const __grid_constan
   extern __shared__ uint8_t shared_raw[];
   const uint32_t base = (mla::shared_address(shared_raw) + 1023) & ~1023u;
   const uint32_t weights = base, rows = base + kDownStages * kWeightBoxBytes;
-  const uint32_t bars = rows + kDownStages * kRowsBoxBytes<kN> + kTileColumns * kN * 4;
+  const uint32_t bars = rows + kDownStages * kRowsBoxBytes<kN> + kN * kSumsRowPitch * 4;
   float* const block_sums = reinterpret_cast<float*>(shared_raw + (rows + kDownStages * kRowsBoxBytes<kN> -
                                                                     mla::shared_address(shared_raw)));
   const cg::cluster_group cluster = cg::this_cluster();
@@ -568,17 +571,24 @@ __global__ void __launch_bounds__(kWarpgroup) down_on_wgmma(const __grid_constan
   }
   mla::fence_registers(d);
 
+  // Token-major, so that the adds below read and store consecutive columns: a warp stores 128
+  // bytes of one latent row, where column-major sums made it 32 rows' 2 bytes each.
   for_each_pair<kN>(d, [&](int column, int token, float first, float second) {
-    mla::store_whole<mla::Space::kShared>(block_sums + column * kN + token,
-                                          make_uint2(__float_as_uint(first), __float_as_uint(second)));
+    block_sums[token * kSumsRowPitch + column] = first;
+    block_sums[(token + 1) * kSumsRowPitch + column] = second;
   });
   cluster.sync();
-  for (int i = part * kWarpgroup + int(threadIdx.x); i < kTileColumns * kN; i += kWarpgroup * splits) {
-    const int column = column0 + i / kN, token = token0 + i % kN;
-    if (column >= rank || token >= tokens) continue;
-    float total = 0.0f;
-    for (int r = 0; r < splits; ++r) total += cluster.map_shared_rank(block_sums, r)[i];
-    latent[int64_t(token) * rank + column] = __float2bfloat16(total);
+  constexpr int kColumnPairs = kTileColumns / 2;
+  for (int i = part * kWarpgroup + int(threadIdx.x); i < kN * kColumnPairs; i += kWarpgroup * splits) {
+    const int token = token0 + i / kColumnPairs, column = column0 + 2 * (i % kColumnPairs);
+    if (column >= rank || token >= tokens) continue;  // rank is a multiple of 8: a pair lies inside
+    const int at = (i / kColumnPairs) * kSumsRowPitch + 2 * (i % kColumnPairs);
+    float2 total = make_float2(0.0f, 0.0f);
+    for (int r = 0; r < splits; ++r) {
+      const float2 sums = *reinterpret_cast<const float2*>(cluster.map_shared_rank(block_sums, r) + at);
+      total.x += sums.x, total.y += sums.y;
+    }
+    *reinterpret_cast<uint32_t*>(latent + int64_t(token) * rank + column) = mla::pack_bf16(total.x, total.y);
   }
   // No block may leave while another still reads its sums.
   cluster.sync();

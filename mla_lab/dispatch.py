@@ -23,11 +23,11 @@ from . import build, steps
 # against step 11's 20.0, and 15.1 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
 # Up to this many tokens, step 12 (the weights streamed into FFMA, or in bf16 into mma.sync and
-# wgmma) beats step 11. In the H100 sweep of sources b1259c90a5d8, V2-Lite, µs: bf16 6.1 against
-# 9.6 at 1 token, 6.3 against 10.8 at 5, 6.5 against 11.4 at 16; fp32 10.1 against 17.3 at 1,
-# 12.2 against 17.9 at 5, 15.5 against 18.9 at 16. Past 16 tokens only bf16 takes it (both GEMMs on
+# wgmma) beats step 11. In the H100 sweep of sources ef11dd99e3ab, V2-Lite, µs: bf16 6.1 against
+# 9.6 at 1 token, 6.3 against 10.7 at 5, 6.4 against 11.3 at 16; fp32 10.0 against 17.3 at 1,
+# 12.3 against 18.0 at 5, 15.5 against 19.0 at 16. Past 16 tokens only bf16 takes it (both GEMMs on
 # wgmma in token tiles), ahead of step 6 up to its limit of 256: V2-Lite 64 / 128 / 256 tokens
-# 8.2 / 10.4 / 14.4 µs against 16.2 / 18.4 / 20.1, V3-TP8 64 13.1 against 20.8, V3 64 26.1 against
+# 7.4 / 9.3 / 12.2 µs against 16.2 / 18.8 / 20.2, V3-TP8 64 12.4 against 20.8, V3 64 25.6 against
 # 30.1.
 WEIGHT_STREAM_TOKENS = {torch.bfloat16: 256, torch.float32: 16}
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
