@@ -21,7 +21,9 @@ then keeps it where its median is at least that much lower at that point and it 
 (outside the spread) at none of its points, and rejects it otherwise, or where it is wrong. Each
 outcome is printed as soon as it is known: one that hangs leaves those before it reported. A kept
 candidate becomes the step (`git apply kernels/candidates/NAME.patch`, then `make gpu-results`); a
-rejected one becomes a line in the step's notes, and its patch is deleted. The tests apply every
+rejected one becomes a line in the step's notes, and its patch is deleted. Kept candidates whose
+sweep could not run on the same machine wait in kernels/candidates/kept/ as one diff that makes
+them the step, with the dispatcher's and the tests' changes (`kept_changes`), to land with a sweep. The tests apply every
 patch and compile the result with nvcc, so a candidate that no longer fits its step fails there,
 not on the GPU.
 
@@ -142,6 +144,18 @@ def all_candidates(names: list[str] | None = None) -> list[Candidate]:
     return chosen
 
 
+def _git_apply(diff: Path, folder: str) -> str | None:
+    """Apply the diff to the files in FOLDER; None, or the first line git said where it does not apply."""
+    # git looks no higher than the folder for a repository.
+    environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(folder).parent)}
+    result = subprocess.run(["git", "apply", str(diff.resolve())], cwd=folder, env=environment,
+                            capture_output=True, text=True)
+    if result.returncode == 0:
+        return None
+    said = result.stderr.strip().splitlines()
+    return said[0] if said else "git apply failed"
+
+
 @contextlib.contextmanager
 def applied(candidate: Candidate):
     """Yield the step's source with the patch applied, in a folder outside the checkout (so that
@@ -150,15 +164,36 @@ def applied(candidate: Candidate):
         target = Path(folder) / candidate.target
         target.parent.mkdir(parents=True)
         shutil.copyfile(steps.REPO / candidate.target, target)
-        # git looks no higher than the folder for a repository.
-        environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(folder).parent)}
-        result = subprocess.run(["git", "apply", str(candidate.path.resolve())], cwd=folder, env=environment,
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            said = result.stderr.strip().splitlines()
+        said = _git_apply(candidate.path, folder)
+        if said:
             raise CandidateProblem(f"{candidate.path.name} does not apply to {candidate.target} as it is now "
-                                   f"({said[0] if said else 'git apply failed'}): make it again against this source")
+                                   f"({said}): make it again against this source")
         yield target
+
+
+def kept_changes() -> list[Path]:
+    """The changes judged and kept but not yet swept: kernels/candidates/kept/*.diff."""
+    return sorted((CANDIDATES_DIR / "kept").glob("*.diff"))
+
+
+def files_changed_by(diff: Path) -> list[str]:
+    """The files a diff changes, as it names them (paths in the repository)."""
+    return TARGET.findall(diff.read_text())
+
+
+@contextlib.contextmanager
+def applied_to_copies(diff: Path, names: list[str]):
+    """Yield a folder outside the checkout holding copies of the files NAMES with the diff applied;
+    the folder goes afterwards."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(steps.REPO / name, Path(folder) / name)
+        said = _git_apply(diff, folder)
+        if said:
+            raise CandidateProblem(f"{diff.name} does not apply to {', '.join(names)} as they are now ({said}): "
+                                   "make it again against them")
+        yield Path(folder)
 
 
 @dataclass

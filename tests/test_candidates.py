@@ -30,6 +30,28 @@ def test_every_candidate_applies_to_its_step_as_it_is_and_compiles(path):
     assert (steps.REPO / candidate.target).read_text() != changed  # applied to a copy, not to the checkout
 
 
+@pytest.mark.parametrize("path", candidates.kept_changes(), ids=lambda p: p.stem)
+def test_every_kept_change_applies_to_the_files_it_changes_and_compiles(path, tmp_path):
+    """A change judged and kept but not yet swept (kernels/candidates/kept/) still applies to each file
+    it changes as it is, its Python still parses, and each step source it changes compiles with nvcc,
+    without spills."""
+    nvcc()
+    changed = candidates.files_changed_by(path)
+    assert changed, f"{path.name} changes no file"
+    with candidates.applied_to_copies(path, changed) as folder:
+        for name in changed:
+            text = (folder / name).read_text()
+            assert text != (steps.REPO / name).read_text(), name
+            if name.endswith(".py"):
+                compile(text, name, "exec")
+            step = next((s for s in steps.STEPS if s.source() == steps.REPO / name), None)
+            if step is not None:
+                with ab.older_source(str(folder / name), step) as (beside, arch_flags, defines):
+                    ok, report = build.compile_report(beside, arch_flags, defines)
+                assert ok, f"{path.name} applies but {name} does not compile: {report}"
+                assert "0 bytes of spills" in report, report
+
+
 def write_candidate(folder, name, header, body):
     path = folder / name
     path.write_text(header + "\n" + body)
@@ -46,6 +68,16 @@ def diff_of(old_line, new_line, source=STEP_12):
 
 FIRST_LINE = (steps.REPO / STEP_12).read_text().splitlines()[0]
 RULE = "Points: v2_lite@1 bf16, v2_lite@16 bf16\nKeep: 0.2 us faster at v2_lite@16 bf16\n"
+
+
+def test_a_kept_change_that_no_longer_applies_says_so_in_one_line(tmp_path):
+    diff = tmp_path / "12_stale.diff"
+    diff.write_text("What and why.\n\n" + diff_of(FIRST_LINE, "// changed").replace(f"-{FIRST_LINE}", "-// not in step 12"))
+    assert candidates.files_changed_by(diff) == [STEP_12]
+    with pytest.raises(candidates.CandidateProblem, match="12_stale.diff does not apply") as said:
+        with candidates.applied_to_copies(diff, [STEP_12]):
+            pass
+    assert "\n" not in str(said.value)
 
 
 def test_a_candidate_is_applied_to_a_copy_of_its_step(tmp_path):
