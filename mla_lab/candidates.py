@@ -23,9 +23,9 @@ outcome is printed as soon as it is known: one that hangs leaves those before it
 candidate becomes the step (`git apply kernels/candidates/NAME.patch`, then `make gpu-results`); a
 rejected one becomes a line in the step's notes, and its patch is deleted. Kept candidates whose
 sweep could not run on the same machine wait in kernels/candidates/kept/ as one diff that makes
-them the step, with the dispatcher's and the tests' changes (`kept_changes`), to land with a sweep. The tests apply every
-patch and compile the result with nvcc, so a candidate that no longer fits its step fails there,
-not on the GPU.
+them the step, with the dispatcher's and the tests' changes (`kept_changes`), to land with a
+sweep. The tests apply every patch and every kept diff and compile the result with nvcc, so a
+change that no longer fits its step fails there, not on the GPU.
 
 A probe is a patch with "Probe: what it times" in place of the rule: a copy of the step cut short
 on purpose (its outputs are wrong), timed unchecked beside the step and cuBLAS at its points, to
@@ -144,31 +144,32 @@ def all_candidates(names: list[str] | None = None) -> list[Candidate]:
     return chosen
 
 
-def _git_apply(diff: Path, folder: str) -> str | None:
-    """Apply the diff to the files in FOLDER; None, or the first line git said where it does not apply."""
-    # git looks no higher than the folder for a repository.
-    environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(folder).parent)}
-    result = subprocess.run(["git", "apply", str(diff.resolve())], cwd=folder, env=environment,
-                            capture_output=True, text=True)
-    if result.returncode == 0:
-        return None
-    said = result.stderr.strip().splitlines()
-    return said[0] if said else "git apply failed"
+@contextlib.contextmanager
+def applied_to_copies(diff: Path, names: list[str]):
+    """Yield a folder outside the checkout holding copies of the files NAMES (repository paths) with
+    the diff applied, so that git applies it there, as patch would, not to this checkout; the
+    folder goes afterwards."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(steps.REPO / name, Path(folder) / name)
+        # git looks no higher than the folder for a repository.
+        environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(folder).parent)}
+        result = subprocess.run(["git", "apply", str(diff.resolve())], cwd=folder, env=environment,
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            said = result.stderr.strip().splitlines()
+            they, them = ("it is", "this source") if len(names) == 1 else ("they are", "them")
+            raise CandidateProblem(f"{diff.name} does not apply to {', '.join(names)} as {they} now "
+                                   f"({said[0] if said else 'git apply failed'}): make it again against {them}")
+        yield Path(folder)
 
 
 @contextlib.contextmanager
 def applied(candidate: Candidate):
-    """Yield the step's source with the patch applied, in a folder outside the checkout (so that
-    git applies it there, as patch would, not to this checkout); the folder goes afterwards."""
-    with tempfile.TemporaryDirectory() as folder:
-        target = Path(folder) / candidate.target
-        target.parent.mkdir(parents=True)
-        shutil.copyfile(steps.REPO / candidate.target, target)
-        said = _git_apply(candidate.path, folder)
-        if said:
-            raise CandidateProblem(f"{candidate.path.name} does not apply to {candidate.target} as it is now "
-                                   f"({said}): make it again against this source")
-        yield target
+    """Yield the step's source with the candidate's patch applied, in a copy outside the checkout."""
+    with applied_to_copies(candidate.path, [candidate.target]) as folder:
+        yield folder / candidate.target
 
 
 def kept_changes() -> list[Path]:
@@ -179,21 +180,6 @@ def kept_changes() -> list[Path]:
 def files_changed_by(diff: Path) -> list[str]:
     """The files a diff changes, as it names them (paths in the repository)."""
     return TARGET.findall(diff.read_text())
-
-
-@contextlib.contextmanager
-def applied_to_copies(diff: Path, names: list[str]):
-    """Yield a folder outside the checkout holding copies of the files NAMES with the diff applied;
-    the folder goes afterwards."""
-    with tempfile.TemporaryDirectory() as folder:
-        for name in names:
-            (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(steps.REPO / name, Path(folder) / name)
-        said = _git_apply(diff, folder)
-        if said:
-            raise CandidateProblem(f"{diff.name} does not apply to {', '.join(names)} as they are now ({said}): "
-                                   "make it again against them")
-        yield Path(folder)
 
 
 @dataclass
