@@ -25,7 +25,8 @@ rejected one becomes a line in the step's notes, and its patch is deleted. Kept 
 sweep could not run on the same machine wait in kernels/candidates/kept/ as one diff that makes
 them the step, with the dispatcher's and the tests' changes (`kept_changes`), to land with a
 sweep. The tests apply every patch and every kept diff and compile the result with nvcc, so a
-change that no longer fits its step fails there, not on the GPU.
+change that no longer fits its step fails there, not on the GPU; a patch also on top of its step's
+kept diff, which the next GPU run applies before it judges the patch.
 
 A probe is a patch with "Probe: what it times" in place of the rule: a copy of the step cut short
 on purpose (its outputs are wrong), timed unchecked beside the step and cuBLAS at its points, to
@@ -145,23 +146,27 @@ def all_candidates(names: list[str] | None = None) -> list[Candidate]:
 
 
 @contextlib.contextmanager
-def applied_to_copies(diff: Path, names: list[str]):
+def applied_to_copies(diff: Path, names: list[str], after: Path | None = None):
     """Yield a folder outside the checkout holding copies of the files NAMES (repository paths) with
-    the diff applied, so that git applies it there, as patch would, not to this checkout; the
-    folder goes afterwards."""
+    the diff applied (on top of the diff AFTER, where given: a kept change it must fit too), so
+    that git applies it there, as patch would, not to this checkout; the folder goes afterwards."""
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
             (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(steps.REPO / name, Path(folder) / name)
         # git looks no higher than the folder for a repository.
         environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(folder).parent)}
-        result = subprocess.run(["git", "apply", str(diff.resolve())], cwd=folder, env=environment,
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            said = result.stderr.strip().splitlines()
-            they, them = ("it is", "this source") if len(names) == 1 else ("they are", "them")
-            raise CandidateProblem(f"{diff.name} does not apply to {', '.join(names)} as {they} now "
-                                   f"({said[0] if said else 'git apply failed'}): make it again against {them}")
+        for each in ([after] if after else []) + [diff]:
+            # Of the kept change only NAMES: the files besides them that it changes are not copied.
+            only = [f"--include={name}" for name in names] if each is after else []
+            result = subprocess.run(["git", "apply", *only, str(each.resolve())], cwd=folder, env=environment,
+                                    capture_output=True, text=True)
+            if result.returncode != 0:
+                said = result.stderr.strip().splitlines()
+                they, them = ("it is", "this source") if len(names) == 1 else ("they are", "them")
+                now = f"with {after.name} applied" if each is diff and after else "now"
+                raise CandidateProblem(f"{each.name} does not apply to {', '.join(names)} as {they} {now} "
+                                       f"({said[0] if said else 'git apply failed'}): make it again against {them}")
         yield Path(folder)
 
 

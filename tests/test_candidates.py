@@ -30,6 +30,24 @@ def test_every_candidate_applies_to_its_step_as_it_is_and_compiles(path):
     assert (steps.REPO / candidate.target).read_text() != changed  # applied to a copy, not to the checkout
 
 
+@pytest.mark.parametrize("path", CANDIDATES, ids=lambda p: p.stem)
+def test_every_candidate_also_applies_on_top_of_its_steps_kept_change_and_compiles(path):
+    """A step's kept change lands with the next GPU run's sweep, and the candidates are judged in that
+    run against the step with it applied: a candidate fits both, or it is made again."""
+    nvcc()
+    candidate = candidates.Candidate.load(path)
+    kept = [diff for diff in candidates.kept_changes() if candidate.target in candidates.files_changed_by(diff)]
+    if not kept:
+        pytest.skip(f"{candidate.target} has no kept change waiting for its sweep")
+    for diff in kept:
+        with candidates.applied_to_copies(candidate.path, [candidate.target], after=diff) as folder:
+            source = folder / candidate.target
+            with ab.older_source(str(source), candidate.built_as) as (beside, arch_flags, defines):
+                ok, report = build.compile_report(beside, arch_flags, defines)
+        assert ok, f"{path.name} applies on top of {diff.name} but does not compile: {report}"
+        assert "0 bytes of spills" in report, report
+
+
 @pytest.mark.parametrize("path", candidates.kept_changes(), ids=lambda p: p.stem)
 def test_every_kept_change_applies_to_the_files_it_changes_and_compiles(path, tmp_path):
     """A change judged and kept but not yet swept (kernels/candidates/kept/) still applies to each file
@@ -76,6 +94,19 @@ def test_a_kept_change_that_no_longer_applies_says_so_in_one_line(tmp_path):
     assert candidates.files_changed_by(diff) == [STEP_12]
     with pytest.raises(candidates.CandidateProblem, match="12_stale.diff does not apply") as said:
         with candidates.applied_to_copies(diff, [STEP_12]):
+            pass
+    assert "\n" not in str(said.value)
+
+
+def test_a_candidate_that_does_not_fit_a_kept_change_says_so_in_one_line(tmp_path):
+    kept = tmp_path / "12_kept.diff"
+    kept.write_text("Kept.\n\n" + diff_of(FIRST_LINE, "// kept"))
+    path = write_candidate(tmp_path, "12_try.patch", "What and why.\n\n" + RULE, diff_of(FIRST_LINE, "// tried"))
+    with candidates.applied_to_copies(path, [STEP_12]) as folder:  # it fits the step as it is
+        assert (folder / STEP_12).read_text().splitlines()[0] == "// tried"
+    with pytest.raises(candidates.CandidateProblem, match=f"12_try.patch does not apply to {STEP_12} as it is "
+                                                          "with 12_kept.diff applied") as said:
+        with candidates.applied_to_copies(path, [STEP_12], after=kept):
             pass
     assert "\n" not in str(said.value)
 
