@@ -1,7 +1,7 @@
 # Each target is one line of real work; see README.md.
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 
-.PHONY: setup lab test gpu-check gpu-validate gpu-lane gpu-results gpu-candidates profile sass exercises notebooks bench results
+.PHONY: setup lab test gpu-check gpu-validate gpu-lane gpu-results gpu-candidates gpu-round profile sass exercises notebooks bench results
 
 .venv/.installed: pyproject.toml .ci/constraints.txt  # the course's environment, made once: torch, then nvcc's wheels of torch's CUDA
 	python3 -m venv .venv && .venv/bin/python -m pip install -q -c .ci/constraints.txt -e . && .venv/bin/python -m mla_lab toolkit install && touch $@
@@ -31,6 +31,9 @@ gpu-results:  # its last part: the sweep into results/, the README table and plo
 
 gpu-candidates:  # each prepared change in kernels/candidates/ applied to its step, checked on the shape matrix, timed beside it, eager and cuBLAS, and kept or rejected by its own rule; each probe timed unchecked
 	$(PYTHON) -m mla_lab candidates
+
+gpu-round:  # kernels/candidates/ landed: kept diffs and the candidates their rules keep applied here (copies in build/gpu-round/), the steps they change checked, sanitized and tested, then gpu-results; a later sitting replays and goes on. Then, where it was prepared: python -m mla_lab candidates --replay
+	$(PYTHON) -m mla_lab gpu-check round results $(SITTING_FLAG)
 
 profile:  # on a GPU whose counters can be read: Nsight Compute on every step at the toy and V2-Lite 4096 (both dtypes) and 1 and 16 bf16 decode tokens, into results/profiles/
 	$(PYTHON) -m mla_lab profile

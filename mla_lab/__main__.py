@@ -210,6 +210,18 @@ def ab(args: argparse.Namespace) -> int:
 def candidates(args: argparse.Namespace) -> int:
     from . import candidates as prepared
 
+    if args.replay:
+        origins = prepared.replay(delete_origins=True)
+        print(f"applied the round in {prepared.ROUND} to this checkout; now the steps, deleted: "
+              f"{', '.join(origins) or 'nothing'}")
+        return 0
+    if args.round:
+        from . import build
+
+        build.require_gpu()
+        for line in prepared.play_round():
+            print(line, flush=True)
+        return 0
     chosen = prepared.all_candidates(args.names)
     if not chosen:
         print("kernels/candidates/ holds no candidate: nothing to apply or judge")
@@ -235,10 +247,10 @@ def candidates(args: argparse.Namespace) -> int:
 
 def gpu_check(args: argparse.Namespace) -> int:
     from . import build
-    from .gpu_check import PARTS, run
+    from .gpu_check import DEFAULT_PARTS, run
 
     build.require_gpu()
-    return run(args.parts or list(PARTS), args.only, args.sitting)
+    return run(args.parts or DEFAULT_PARTS, args.only, args.sitting)
 
 
 def kernelbench(args: argparse.Namespace) -> int:
@@ -352,10 +364,15 @@ def main(argv: list[str] | None = None) -> int:
                        "kept or rejected by its own rule, and each probe timed (GPU; --list: CPU)")
     p.add_argument("names", nargs="*", metavar="NAME", help="candidates by file stem, such as 12_bf16_latent (default: all)")
     p.add_argument("--list", action="store_true", help="only read each candidate and apply it to its step (CPU)")
+    p.add_argument("--round", action="store_true", help="the kept diffs and every kept candidate applied to this "
+                   "working tree, copies kept in build/gpu-round/; replayed there if a sitting already played it (GPU)")
+    p.add_argument("--replay", action="store_true", help="apply a round played elsewhere (build/gpu-round/) to this "
+                   "checkout and delete what it landed from kernels/candidates/ (CPU)")
     p.set_defaults(run=candidates)
 
     p = sub.add_parser("gpu-check", help="the whole GPU validation, ending with a table (GPU; see mla_lab/gpu_check.py)")
-    p.add_argument("parts", nargs="*", choices=["validate", "lane", "results"], help="default: all three")
+    p.add_argument("parts", nargs="*", choices=["validate", "lane", "results", "round"],
+                   help="default: validate, lane and results; round lands kernels/candidates/ (make gpu-round)")
     p.add_argument("--only", nargs="*", metavar="STAGE", help="only these stages (the names in the table)")
     p.add_argument("--sitting", type=float, metavar="SECONDS",
                    help="the time this machine is lent for: no stage starts that might not end in it, and a sweep "

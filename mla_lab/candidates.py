@@ -145,6 +145,18 @@ def all_candidates(names: list[str] | None = None) -> list[Candidate]:
     return chosen
 
 
+def _git_apply(diff: Path, root: Path, *flags: str) -> subprocess.CompletedProcess:
+    # git looks no higher than ROOT for a repository, where ROOT is a folder outside the checkout.
+    environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(root.parent)}
+    return subprocess.run(["git", "apply", *flags, str(diff.resolve())], cwd=root, env=environment,
+                          capture_output=True, text=True)
+
+
+def _first_line(result: subprocess.CompletedProcess) -> str:
+    said = result.stderr.strip().splitlines()
+    return said[0] if said else "git apply failed"
+
+
 @contextlib.contextmanager
 def applied_to_copies(diff: Path, names: list[str], after: Path | None = None):
     """Yield a folder outside the checkout holding copies of the files NAMES (repository paths) with
@@ -154,19 +166,15 @@ def applied_to_copies(diff: Path, names: list[str], after: Path | None = None):
         for name in names:
             (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(steps.REPO / name, Path(folder) / name)
-        # git looks no higher than the folder for a repository.
-        environment = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(folder).parent)}
         for each in ([after] if after else []) + [diff]:
             # Of the kept change only NAMES: the files besides them that it changes are not copied.
             only = [f"--include={name}" for name in names] if each is after else []
-            result = subprocess.run(["git", "apply", *only, str(each.resolve())], cwd=folder, env=environment,
-                                    capture_output=True, text=True)
+            result = _git_apply(each, Path(folder), *only)
             if result.returncode != 0:
-                said = result.stderr.strip().splitlines()
                 they, them = ("it is", "this source") if len(names) == 1 else ("they are", "them")
                 now = f"with {after.name} applied" if each is diff and after else "now"
                 raise CandidateProblem(f"{each.name} does not apply to {', '.join(names)} as {they} {now} "
-                                       f"({said[0] if said else 'git apply failed'}): make it again against {them}")
+                                       f"({_first_line(result)}): make it again against {them}")
         yield Path(folder)
 
 
@@ -244,3 +252,87 @@ def report(outcomes: list[Outcome]) -> str:
                  if o.rows else "")
         parts.append("\n".join(filter(None, [f"## {o.candidate.path.name}", table, f"**{o.why}**"])))
     return "\n\n".join(parts)
+
+
+# ---- A round: what kernels/candidates/ holds, landed on a GPU machine in one go ----------------------
+# `python -m mla_lab candidates --round` (the first stage of `make gpu-round`) applies each kept diff
+# to the working tree, judges every candidate against the step with them, and applies the kept ones
+# too, keeping a copy of each change it applied, in order, in build/gpu-round/. A GPU machine's working
+# tree is a fresh copy of the checkout at each sitting: a later sitting of the same round replays
+# those copies instead of judging again, and the checkout that commits the round replays them too
+# (`--replay`), deleting the diffs and patches that are the steps now.
+ROUND = steps.REPO / "build" / "gpu-round"
+LANDED = "landed.txt"  # the changes applied, in order: "copy<TAB>where it came from", one a line
+JUDGED = "judged"      # written once every candidate is judged: the round is whole, to be replayed
+
+
+def round_landed(folder: Path = ROUND) -> list[tuple[Path, str]]:
+    """The round's changes in the order applied: each copy in FOLDER and the repository path of the
+    kept diff or candidate it came from."""
+    manifest = folder / LANDED
+    if not manifest.exists():
+        return []
+    return [(folder / copy, origin) for copy, origin in
+            (line.split("\t") for line in manifest.read_text().splitlines() if line)]
+
+
+def land(change: Path, folder: Path = ROUND, root: Path = steps.REPO) -> None:
+    """Apply CHANGE (a kept diff or a kept candidate's patch) to the working tree at ROOT and keep a
+    copy in FOLDER, after the round's earlier ones."""
+    result = _git_apply(change, root)
+    if result.returncode != 0:
+        raise CandidateProblem(f"{change.name} does not apply to the working tree with the round's earlier changes "
+                               f"({_first_line(result)}): judge it again in the next round")
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = f"{len(round_landed(folder)) + 1:02d}_{change.name}"
+    shutil.copyfile(change, folder / copy)
+    with open(folder / LANDED, "a") as manifest:
+        manifest.write(f"{copy}\t{change.resolve().relative_to(root.resolve())}\n")
+
+
+def replay(folder: Path = ROUND, root: Path = steps.REPO, delete_origins: bool = False) -> list[str]:
+    """Apply the round's changes in FOLDER, in order, to the working tree at ROOT (a later sitting's
+    fresh copy, or the checkout that commits the round); with DELETE_ORIGINS the kept diffs and
+    candidates they came from go, as they are the steps now. Returns their repository paths."""
+    if not folder.exists():
+        raise CandidateProblem(f"no round in {folder}: bring back build/gpu-round/ from the GPU machine that ran "
+                               "`make gpu-round`")
+    if not (folder / JUDGED).exists():
+        raise CandidateProblem(f"{folder} holds no whole round (its judging did not end): play it again")
+    origins = []
+    for copy, origin in round_landed(folder):
+        result = _git_apply(copy, root)
+        if result.returncode != 0:
+            raise CandidateProblem(f"{copy.name} (from {origin}) does not apply to {root} as it is "
+                                   f"({_first_line(result)}): replay the round on the checkout it was played from")
+        if delete_origins:
+            (root / origin).unlink(missing_ok=True)
+        origins.append(origin)
+    return origins
+
+
+def play_round(folder: Path = ROUND, root: Path = steps.REPO) -> Iterator[str]:
+    """The round in this working tree, as lines to print: replayed where FOLDER holds a whole one,
+    else played afresh (FOLDER emptied first): each kept diff applied, every candidate judged
+    against the steps with them (on a GPU), each kept one applied. The judged outcomes also go to
+    FOLDER/verdicts.md."""
+    if (folder / JUDGED).exists():
+        origins = replay(folder, root)
+        yield f"replayed the round's {len(origins)} changes: {', '.join(origins) or 'none'}"
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for diff in kept_changes():
+        land(diff, folder, root)
+        yield f"applied {diff.name}: kept before, it lands with this round's sweep"
+    outcomes = []
+    for outcome in each_judged(all_candidates()):
+        outcomes.append(outcome)
+        yield f"\n{report([outcome])}\n"
+    (folder / "verdicts.md").write_text(report(outcomes) + "\n")
+    for outcome in outcomes:
+        if outcome.kept:
+            land(outcome.candidate.path, folder, root)
+            yield f"applied {outcome.candidate.path.name}: kept"
+    (folder / JUDGED).write_text("")
+    yield f"the round landed: {', '.join(origin for _, origin in round_landed(folder)) or 'nothing'}"

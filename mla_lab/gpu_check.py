@@ -12,10 +12,16 @@ next sitting (bring that folder along to another machine); run the same command 
   results   the benchmark sweep into results/<device>.json, the README table and plots, Nsight
             Compute's profiles into results/profiles/ (where the counters can be read), every
             notebook executed in place, then nbval over the notebooks
+  round     what kernels/candidates/ holds, landed (mla_lab.candidates.play_round): the kept diffs
+            and the candidates kept by their rules applied to the working tree, then the steps they
+            change checked, sanitized and GPU-tested. Run before `results` (`make gpu-round`), so that
+            the sweep times the steps as landed; where a round stage fails, `results` waits.
 
-`make gpu-check` runs all three; `make gpu-validate`, `make gpu-lane` and `make gpu-results` one each, and
-`python -m mla_lab gpu-check --only STAGE ...` the stages named. Logs go to $MLA_LAB_LOGS
-(default build/gpu-check/), one file per stage.
+`make gpu-check` runs validate, lane and results; `make gpu-validate`, `make gpu-lane` and `make
+gpu-results` one each, and `python -m mla_lab gpu-check --only STAGE ...` the stages named. Logs go
+to $MLA_LAB_LOGS (default build/gpu-check/), one file per stage. A round's stages that passed are not
+run again in a later sitting of the same round; its first stage replays the landed changes into
+that sitting's fresh working tree.
 """
 
 from __future__ import annotations
@@ -33,11 +39,38 @@ MLA = [PYTHON, "-m", "mla_lab"]
 SOLUTIONS = {"MLA_LAB_EXERCISE_SOURCE": "solution"}
 # compute-sanitizer slows a kernel by 10-1000x: small odd shapes, one trial, and a limit per tool.
 SANITIZER_SECONDS = 240
+ROUND_SANITIZER_SECONDS = 150  # a round's steps' quick shapes: step 12's took well under that on an H100
 ALL_STEPS = [str(s.number) for s in STEPS]
 
 # The notebooks' kernels start in notebooks/: they find mla_lab through PYTHONPATH where it is not installed.
 IMPORTABLE = {"PYTHONUNBUFFERED": "1",
               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+SANITIZERS = ("memcheck", "initcheck", "racecheck", "synccheck")
+
+
+def round_stages() -> list[tuple[str, list[str], dict]]:
+    """The round's stages, for the steps that kernels/candidates/ changes (read before they land)."""
+    from . import candidates
+
+    changed = {c.step.number for c in candidates.all_candidates()}
+    for diff in candidates.kept_changes():
+        changed |= {s.number for s in STEPS if str(s.source().relative_to(REPO)) in candidates.files_changed_by(diff)}
+    numbers = [str(n) for n in sorted(changed)]
+    if not numbers:
+        return [("round", MLA + ["candidates", "--round"], {})]
+    # A step's own GPU tests and those parametrized over steps: test_stepN_..., [stepN] and [stepN-...].
+    tests = " or ".join([f"step{n}{end}" for n in numbers for end in ("_", "]", "-")] + ["dispatch"])
+    return [
+        ("round", MLA + ["candidates", "--round"], {}),
+        ("round-check", MLA + ["check", *numbers], {}),
+        *((f"round-{tool}", ["timeout", str(ROUND_SANITIZER_SECONDS), "compute-sanitizer", "--tool", tool,
+                             "--print-limit", "10", "--error-exitcode", "1", *MLA, "check", "--quick", *numbers], {})
+          for tool in SANITIZERS),
+        ("round-tests", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_gpu.py",
+                         "-k", tests], SOLUTIONS),
+    ]
+
 
 PARTS = {
     "validate": [
@@ -48,7 +81,7 @@ PARTS = {
         ("grade-stubs", MLA + ["grade", "--all", "--variant", "exercise", "--expect-stubs"], {}),
         *((f"{tool}", ["timeout", str(SANITIZER_SECONDS), "compute-sanitizer", "--tool", tool, "--print-limit", "10",
                        "--error-exitcode", "1", *MLA, "check", "--quick", *ALL_STEPS], {})
-          for tool in ("memcheck", "initcheck", "racecheck", "synccheck")),
+          for tool in SANITIZERS),
     ],
     # The sanitizer lane as a learner runs it (python -m mla_lab grade exNN --sanitize), over every
     # solution, then over the stubs (each answers "not implemented yet").
@@ -64,16 +97,20 @@ PARTS = {
         ("nbval", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
                    "notebooks"], SOLUTIONS),
     ],
+    "round": round_stages,  # read when it runs: what kernels/candidates/ holds then
 }
+DEFAULT_PARTS = ["validate", "lane", "results"]
 
 
 # Seconds allowed a stage in a sitting (--sitting): above the times measured on an H100 or H200 where
 # the docstring gives one (GPU tests, notebooks, nbval, lane, profiles), a generous guess for the
 # rest. A stage with less time left than this waits for the next sitting instead of being killed.
 STAGE_SECONDS = {"doctor": 30, "check": 120, "gpu-tests": 180, "grade-solutions": 120, "grade-stubs": 60,
-                 **{tool: SANITIZER_SECONDS for tool in ("memcheck", "initcheck", "racecheck", "synccheck")},
+                 **{tool: SANITIZER_SECONDS for tool in SANITIZERS},
                  "lane-solutions": 180, "lane-stubs": 120, "results": 30, "profile": 90, "notebooks": 270,
-                 "nbval": 240}
+                 "nbval": 240,
+                 # A round on an H100 (three candidates judged, step 12 checked, sanitized, GPU-tested): 215 s.
+                 "round": 240, "round-check": 60, **{f"round-{tool}": 90 for tool in SANITIZERS}, "round-tests": 120}
 # The sweep's longest point (V3 at 16384 tokens) with room to spare: a sitting's sweep starts no
 # point later than this before the sitting ends. A sweep's record keeps each point's seconds.
 LONGEST_POINT_SECONDS = 100
@@ -89,24 +126,34 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
     logs.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + sitting if sitting is not None else None
     rows = []
-    sweep_cut_short = False
+    sweep_cut_short = round_unpassed = False
 
     def report(part: str, name: str, status: str, seconds: float, last: str) -> None:
         rows.append((part, name, status, seconds, last))
         print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {last}", flush=True)
 
     for part in parts:
-        for name, command, env in PARTS[part]:
+        stages = PARTS[part]() if callable(PARTS[part]) else PARTS[part]
+        for name, command, env in stages:
             if only and name not in only:
                 continue
             left = deadline - time.perf_counter() if deadline is not None else None
             if sweep_cut_short and part == "results":
                 report(part, name, "waits", 0, "for the sweep: run this sitting again to go on with it")
                 continue
+            if round_unpassed and part == "results":
+                report(part, name, "waits", 0, "for every stage of the round to pass: it would time what did not")
+                continue
+            # The round's first stage replays its changes into this sitting's tree: it always runs.
+            passed = round_folder() / f"passed-{name}" if part == "round" and name != "round" else None
+            if passed is not None and passed.exists():
+                report(part, name, "done", 0, "passed in an earlier sitting of this round")
+                continue
             if left is not None:
                 needs = LONGEST_POINT_SECONDS + 30 if name == "bench" else STAGE_SECONDS.get(name, 0)
                 if left < needs:
                     report(part, name, "no time", 0, f"{left:.0f} s left of the sitting, it takes up to {needs} s")
+                    round_unpassed |= part == "round"
                     continue
                 if name == "bench":
                     command = [*command, "--stop-after", f"{left - LONGEST_POINT_SECONDS:.0f}"]
@@ -124,8 +171,19 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
                 status, sweep_cut_short = "cut short", True
             else:
                 status = "ok" if code == 0 else ("timed out" if code == 124 else f"FAILED ({code})")
+            if part == "round":
+                round_unpassed |= status != "ok"
+                if status == "ok" and passed is not None:
+                    passed.touch()
             report(part, name, status, seconds, lines[-1][:90] if lines else "")
     print(f"\n{'part':9} {'stage':17} {'status':11} {'time':>8}  last line of its log ({logs})")
     for part, name, status, seconds, last in rows:
         print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {last}")
-    return 0 if all(row[2] == "ok" for row in rows) else 1
+    return 0 if all(row[2] in ("ok", "done") for row in rows) else 1
+
+
+def round_folder() -> Path:
+    """Where a round keeps what it landed (mla_lab.candidates.ROUND), and here which stages passed."""
+    from .candidates import ROUND
+
+    return ROUND

@@ -269,7 +269,7 @@ def test_with_no_candidate_there_is_one_line_and_no_gpu_asked(tmp_path, monkeypa
 
     monkeypatch.setattr(candidates, "CANDIDATES_DIR", tmp_path / "candidates")
     monkeypatch.setattr(build, "require_gpu", no_gpu)
-    assert cli.candidates(argparse.Namespace(names=[], list=listing)) == 0
+    assert cli.candidates(argparse.Namespace(names=[], list=listing, round=False, replay=False)) == 0
     assert capsys.readouterr().out == "kernels/candidates/ holds no candidate: nothing to apply or judge\n"
 
 
@@ -293,7 +293,7 @@ def test_each_outcome_is_printed_as_it_is_known_so_a_later_hang_loses_nothing(tm
 
     monkeypatch.setattr(candidates, "each_judged", each_judged)
     with pytest.raises(TimeoutError):
-        cli.candidates(argparse.Namespace(names=[], list=False))
+        cli.candidates(argparse.Namespace(names=[], list=False, round=False, replay=False))
     out = capsys.readouterr().out
     assert out.startswith("a GPU; graph replay") and "## 12_first.patch" in out and "**kept: +0.70 µs" in out
     assert "12_second" not in out
@@ -334,3 +334,55 @@ def test_a_probe_is_timed_beside_its_step_unchecked(tmp_path):
         [row] = ab.compare(steps.load(probe.step), after, list(probe.point_shapes), checked=False)
     assert row.point == "v2_lite@1 bf16" and {"eager", "cuBLAS concat"} == set(row.peers)
     assert 0.5 < row.after.median_us / row.before.median_us < 2
+
+
+def a_checkout(root, changes):
+    """A checkout at ROOT holding step 12's source and kernels/candidates/ with CHANGES ({name: diff})."""
+    (root / "kernels" / "candidates" / "kept").mkdir(parents=True)
+    (root / STEP_12).write_text((steps.REPO / STEP_12).read_text())
+    for name, body in changes.items():
+        folder = root / "kernels" / "candidates" / ("kept" if name.endswith(".diff") else "")
+        (folder / name).write_text(body)
+    return root
+
+
+SECOND_LINE = (steps.REPO / STEP_12).read_text().splitlines()[2]  # far enough from the first for git's context
+
+
+def test_a_round_lands_the_kept_diffs_and_the_kept_candidates_and_a_later_sitting_replays_them(tmp_path, monkeypatch):
+    changes = {"12_kept.diff": "Kept.\n\n" + diff_of(FIRST_LINE, "// kept"),
+               "12_good.patch": "Good.\n\n" + RULE + "\n" + diff_of(SECOND_LINE, "// good"),
+               "12_bad.patch": "Bad.\n\n" + RULE + "\n" + diff_of(SECOND_LINE, "// bad")}
+    played = a_checkout(tmp_path / "played", changes)
+    monkeypatch.setattr(candidates, "CANDIDATES_DIR", played / "kernels" / "candidates")
+    monkeypatch.setattr(candidates, "each_judged", lambda chosen: (
+        candidates.Outcome(c, [], c.name == "12_good", "kept" if c.name == "12_good" else "rejected") for c in chosen))
+    folder = tmp_path / "round"
+    said = "\n".join(candidates.play_round(folder, played))
+    lines = (played / STEP_12).read_text().splitlines()
+    assert lines[0] == "// kept" and lines[2] == "// good"  # the kept diff, then the candidate kept by its rule
+    assert [origin for _, origin in candidates.round_landed(folder)] == [
+        "kernels/candidates/kept/12_kept.diff", "kernels/candidates/12_good.patch"]
+    assert "the round landed: kernels/candidates/kept/12_kept.diff, kernels/candidates/12_good.patch" in said
+    assert "**rejected**" in (folder / "verdicts.md").read_text()
+
+    (played / STEP_12).write_text((steps.REPO / STEP_12).read_text())  # a later sitting's fresh tree
+    monkeypatch.setattr(candidates, "each_judged", lambda chosen: pytest.fail("a whole round is not judged again"))
+    assert "replayed the round's 2 changes" in "\n".join(candidates.play_round(folder, played))
+    assert (played / STEP_12).read_text().splitlines()[:3:2] == ["// kept", "// good"]
+
+    committing = a_checkout(tmp_path / "committing", changes)
+    assert candidates.replay(folder, committing, delete_origins=True) == [
+        "kernels/candidates/kept/12_kept.diff", "kernels/candidates/12_good.patch"]
+    assert (committing / STEP_12).read_text() == (played / STEP_12).read_text()
+    left = sorted(p.name for p in (committing / "kernels" / "candidates").rglob("*.*"))
+    assert left == ["12_bad.patch"]  # the rejected one stays until its line goes into the notes
+
+
+def test_a_round_whose_judging_did_not_end_is_not_replayed(tmp_path):
+    folder = tmp_path / "round"
+    folder.mkdir()
+    (folder / candidates.LANDED).write_text("01_12_kept.diff\tkernels/candidates/kept/12_kept.diff\n")
+    with pytest.raises(candidates.CandidateProblem, match="holds no whole round") as said:
+        candidates.replay(folder, tmp_path)
+    assert "\n" not in str(said.value)

@@ -49,3 +49,50 @@ def test_without_a_sitting_every_stage_runs_as_before(monkeypatch, tmp_path, cap
     monkeypatch.setattr(gpu_check, "PARTS", {"results": [("bench", stand_in(0), {}), ("notebooks", stand_in(0), {})]})
     assert gpu_check.run(["results"]) == 0
     assert "--stop-after" not in (tmp_path / "results-bench.log").read_text()
+
+
+def test_a_round_that_fails_leaves_the_sweep_waiting(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(gpu_check, "round_folder", lambda: tmp_path)
+    monkeypatch.setattr(gpu_check, "PARTS", {
+        "round": lambda: [("round", stand_in(0), {}), ("round-memcheck", stand_in(1, "1 error"), {})],
+        "results": [("bench", stand_in(0), {}), ("results", stand_in(0), {})]})
+    assert gpu_check.run(["round", "results"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("for every stage of the round to pass") == 4  # bench and results, in the run and the table
+    assert not (tmp_path / "results-bench.log").exists()
+
+
+def test_a_later_sitting_of_a_round_replays_it_and_runs_only_the_stages_that_did_not_pass(monkeypatch, tmp_path, capsys):
+    folder = tmp_path / "round"
+    folder.mkdir()
+    monkeypatch.setattr(gpu_check, "round_folder", lambda: folder)
+    monkeypatch.setattr(gpu_check, "STAGE_SECONDS", {"round": 10, "round-check": 10, "round-tests": 500})
+    monkeypatch.setattr(gpu_check, "PARTS", {"round": lambda: [
+        ("round", stand_in(0, "replayed"), {}), ("round-check", stand_in(0), {}), ("round-tests", stand_in(0), {})]})
+    monkeypatch.setitem(gpu_check.PARTS, "results", [("bench", stand_in(0), {})])
+    assert gpu_check.run(["round", "results"], sitting=100) == 1  # the tests do not fit this sitting
+    assert "for every stage of the round to pass" in capsys.readouterr().out  # so the sweep waits too
+    assert (folder / "passed-round-check").exists() and not (folder / "passed-round-tests").exists()
+    (tmp_path / "round-round.log").unlink()
+    assert gpu_check.run(["round"]) == 0
+    out = capsys.readouterr().out
+    assert "passed in an earlier sitting of this round" in out
+    assert (tmp_path / "round-round.log").exists()  # the replay runs at every sitting
+    assert not (folder / "passed-round").exists()
+
+
+def test_a_round_checks_sanitizes_and_tests_the_steps_its_changes_touch(monkeypatch):
+    from mla_lab import candidates
+
+    monkeypatch.setattr(candidates, "all_candidates", lambda: [candidates.Candidate.load(p) for p in
+                                                               sorted(candidates.CANDIDATES_DIR.glob("12_*.patch"))][:1])
+    monkeypatch.setattr(candidates, "kept_changes", lambda: [])
+    if not candidates.all_candidates():
+        pytest.skip("kernels/candidates/ holds no step 12 candidate to stand in for a round")
+    stages = {name: command for name, command, _ in gpu_check.round_stages()}
+    assert list(stages)[0] == "round" and stages["round"][-2:] == ["candidates", "--round"]
+    assert stages["round-check"][-2:] == ["check", "12"]
+    assert [stages[f"round-{tool}"][-3:] for tool in gpu_check.SANITIZERS] == [["check", "--quick", "12"]] * 4
+    assert stages["round-tests"][-2:] == ["-k", "step12_ or step12] or step12- or dispatch"]
+    monkeypatch.setattr(candidates, "all_candidates", lambda: [])
+    assert [name for name, _, _ in gpu_check.round_stages()] == ["round"]  # nothing to land: nothing to check
