@@ -214,6 +214,11 @@ def candidates(args: argparse.Namespace) -> int:
         origins = prepared.replay(delete_origins=True)
         print(f"applied the round in {prepared.ROUND} to this checkout; now the steps, deleted: "
               f"{', '.join(origins) or 'nothing'}")
+        left = sorted(p.name for p in prepared.CANDIDATES_DIR.glob("*.patch"))
+        if left:
+            print(f"judged and not landed (verdicts in {prepared.ROUND / 'verdicts.md'}): {', '.join(left)}; "
+                  "each goes once its line (a rejection with the commit that holds it, or a probe's numbers) "
+                  "is in its step's notes")
         return 0
     if args.round:
         from . import build
