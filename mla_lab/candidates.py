@@ -332,7 +332,10 @@ def play_round(folder: Path = ROUND, root: Path = steps.REPO) -> Iterator[str]:
     (folder / "verdicts.md").write_text(report(outcomes) + "\n")
     for outcome in outcomes:
         if outcome.kept:
-            land(outcome.candidate.path, folder, root)
-            yield f"applied {outcome.candidate.path.name}: kept"
+            try:
+                land(outcome.candidate.path, folder, root)
+                yield f"applied {outcome.candidate.path.name}: kept"
+            except CandidateProblem as clash:  # kept alone, but not on top of one kept before it
+                yield f"not applied: {clash}"
     (folder / JUDGED).write_text("")
     yield f"the round landed: {', '.join(origin for _, origin in round_landed(folder)) or 'nothing'}"

@@ -352,15 +352,19 @@ SECOND_LINE = (steps.REPO / STEP_12).read_text().splitlines()[2]  # far enough f
 def test_a_round_lands_the_kept_diffs_and_the_kept_candidates_and_a_later_sitting_replays_them(tmp_path, monkeypatch):
     changes = {"12_kept.diff": "Kept.\n\n" + diff_of(FIRST_LINE, "// kept"),
                "12_good.patch": "Good.\n\n" + RULE + "\n" + diff_of(SECOND_LINE, "// good"),
-               "12_bad.patch": "Bad.\n\n" + RULE + "\n" + diff_of(SECOND_LINE, "// bad")}
+               "12_bad.patch": "Bad.\n\n" + RULE + "\n" + diff_of(SECOND_LINE, "// bad"),
+               "12_rival.patch": "Kept too, but it changes the good one's line.\n\n" + RULE + "\n"
+                                 + diff_of(SECOND_LINE, "// rival")}
     played = a_checkout(tmp_path / "played", changes)
     monkeypatch.setattr(candidates, "CANDIDATES_DIR", played / "kernels" / "candidates")
+    kept = {"12_good", "12_rival"}
     monkeypatch.setattr(candidates, "each_judged", lambda chosen: (
-        candidates.Outcome(c, [], c.name == "12_good", "kept" if c.name == "12_good" else "rejected") for c in chosen))
+        candidates.Outcome(c, [], c.name in kept, "kept" if c.name in kept else "rejected") for c in chosen))
     folder = tmp_path / "round"
     said = "\n".join(candidates.play_round(folder, played))
     lines = (played / STEP_12).read_text().splitlines()
     assert lines[0] == "// kept" and lines[2] == "// good"  # the kept diff, then the candidate kept by its rule
+    assert "not applied: 12_rival.patch does not apply" in said  # kept alone; judged again next round
     assert [origin for _, origin in candidates.round_landed(folder)] == [
         "kernels/candidates/kept/12_kept.diff", "kernels/candidates/12_good.patch"]
     assert "the round landed: kernels/candidates/kept/12_kept.diff, kernels/candidates/12_good.patch" in said
@@ -376,7 +380,7 @@ def test_a_round_lands_the_kept_diffs_and_the_kept_candidates_and_a_later_sittin
         "kernels/candidates/kept/12_kept.diff", "kernels/candidates/12_good.patch"]
     assert (committing / STEP_12).read_text() == (played / STEP_12).read_text()
     left = sorted(p.name for p in (committing / "kernels" / "candidates").rglob("*.*"))
-    assert left == ["12_bad.patch"]  # the rejected one stays until its line goes into the notes
+    assert left == ["12_bad.patch", "12_rival.patch"]  # until their lines go into the notes, or a round lands them
 
 
 def test_a_round_whose_judging_did_not_end_is_not_replayed(tmp_path):
