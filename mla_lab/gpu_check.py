@@ -126,7 +126,7 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
     logs.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + sitting if sitting is not None else None
     rows = []
-    sweep_cut_short = round_unpassed = False
+    sweep_cut_short = round_unpassed = notebooks_unrun = False
 
     def report(part: str, name: str, status: str, seconds: float, last: str) -> None:
         rows.append((part, name, status, seconds, last))
@@ -144,6 +144,9 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
             if round_unpassed and part == "results":
                 report(part, name, "waits", 0, "for every stage of the round to pass: it would time what did not")
                 continue
+            if name == "nbval" and notebooks_unrun:  # it compares the notebooks' stored outputs with this code
+                report(part, name, "waits", 0, "for the notebooks to run in this sitting: their outputs are older")
+                continue
             # The round's first stage replays its changes into this sitting's tree: it always runs.
             passed = round_folder() / f"passed-{name}" if part == "round" and name != "round" else None
             if passed is not None and passed.exists():
@@ -154,6 +157,7 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
                 if left < needs:
                     report(part, name, "no time", 0, f"{left:.0f} s left of the sitting, it takes up to {needs} s")
                     round_unpassed |= part == "round"
+                    notebooks_unrun |= name == "notebooks"
                     continue
                 if name == "bench":
                     command = [*command, "--stop-after", f"{left - LONGEST_POINT_SECONDS:.0f}"]

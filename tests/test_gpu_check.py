@@ -96,3 +96,12 @@ def test_a_round_checks_sanitizes_and_tests_the_steps_its_changes_touch(monkeypa
     assert stages["round-tests"][-2:] == ["-k", "step12_ or step12] or step12- or dispatch"]
     monkeypatch.setattr(candidates, "all_candidates", lambda: [])
     assert [name for name, _, _ in gpu_check.round_stages()] == ["round"]  # nothing to land: nothing to check
+
+
+def test_nbval_waits_for_notebooks_that_had_no_time_in_the_sitting(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(gpu_check, "STAGE_SECONDS", {"notebooks": 270, "nbval": 60})
+    monkeypatch.setattr(gpu_check, "PARTS", {"results": [("notebooks", stand_in(0), {}), ("nbval", stand_in(0), {})]})
+    assert gpu_check.run(["results"], sitting=200) == 1
+    out = capsys.readouterr().out
+    assert "for the notebooks to run in this sitting" in out
+    assert not (tmp_path / "results-nbval.log").exists()
