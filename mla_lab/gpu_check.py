@@ -49,6 +49,12 @@ IMPORTABLE = {"PYTHONUNBUFFERED": "1",
 SANITIZERS = ("memcheck", "initcheck", "racecheck", "synccheck")
 
 
+def sanitized(tool: str, seconds: int, numbers: list[str]) -> list[str]:
+    """compute-sanitizer's TOOL over `check --quick` of the steps NUMBERS, stopped after SECONDS."""
+    return ["timeout", str(seconds), "compute-sanitizer", "--tool", tool, "--print-limit", "10", "--error-exitcode", "1",
+            *MLA, "check", "--quick", *numbers]
+
+
 def round_stages() -> list[tuple[str, list[str], dict]]:
     """The round's stages, for the steps that kernels/candidates/ changes (read before they land)."""
     from . import candidates
@@ -64,9 +70,7 @@ def round_stages() -> list[tuple[str, list[str], dict]]:
     return [
         ("round", MLA + ["candidates", "--round"], {}),
         ("round-check", MLA + ["check", *numbers], {}),
-        *((f"round-{tool}", ["timeout", str(ROUND_SANITIZER_SECONDS), "compute-sanitizer", "--tool", tool,
-                             "--print-limit", "10", "--error-exitcode", "1", *MLA, "check", "--quick", *numbers], {})
-          for tool in SANITIZERS),
+        *((f"round-{tool}", sanitized(tool, ROUND_SANITIZER_SECONDS, numbers), {}) for tool in SANITIZERS),
         ("round-tests", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_gpu.py",
                          "-k", tests], SOLUTIONS),
     ]
@@ -79,9 +83,7 @@ PARTS = {
         ("gpu-tests", [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"], SOLUTIONS),
         ("grade-solutions", MLA + ["grade", "--all", "--variant", "solution"], {}),
         ("grade-stubs", MLA + ["grade", "--all", "--variant", "exercise", "--expect-stubs"], {}),
-        *((f"{tool}", ["timeout", str(SANITIZER_SECONDS), "compute-sanitizer", "--tool", tool, "--print-limit", "10",
-                       "--error-exitcode", "1", *MLA, "check", "--quick", *ALL_STEPS], {})
-          for tool in SANITIZERS),
+        *((f"{tool}", sanitized(tool, SANITIZER_SECONDS, ALL_STEPS), {}) for tool in SANITIZERS),
     ],
     # The sanitizer lane as a learner runs it (python -m mla_lab grade exNN --sanitize), over every
     # solution, then over the stubs (each answers "not implemented yet").
