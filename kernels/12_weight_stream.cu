@@ -1,4 +1,4 @@
-// Step 12 — one to sixteen tokens (bf16: to 256): every SM streams its share of the weights into its math.
+// Step 12 — one to sixteen tokens (bf16: to 512, fp32: to 64): every SM streams its share of the weights into its math.
 //
 // What changed from step 11, and why: with a handful of tokens the projection is a matrix-vector
 // product, each weight used once per token, and the weights are almost every byte (6.3 MB at
@@ -29,11 +29,16 @@
 //   their boxes through a 4-stage TMA ring, and the parts are added through distributed shared
 //   memory into a bf16 latent; GEMM 2 takes a grid row per token tile, 64 tokens (128 past 128
 //   tokens, so that 256 tokens run in one wave and each block loads its weights once for twice the
-//   tokens).
+//   tokens; 512 in two).
+// - From 17 to 64 fp32 tokens both GEMMs run as a tile of 64 tokens on mma.sync, three TF32
+//   passes a product: the weights are mma's B as they lie in memory (wgmma would want them transposed),
+//   staged with the tokens through a ring of cp.async copies, the depth split over a cluster.
 // Runs on sm_90a with 1 to 16 tokens, rank and heads * head_dim multiples of 8, 16-byte aligned
-// weights and a token slice that fits shared memory, or in bf16 with 17 to 256 tokens where rank
-// <= 512, heads * head_dim is a multiple of 64, d_model a multiple of 8 and hidden 16-byte aligned
-// (mla_takes); the binding runs the others on step 4. Notes: kernels/12_weight_stream.md.
+// weights and a token slice that fits shared memory; in bf16 with 17 to 512 tokens where rank
+// <= 512, heads * head_dim is a multiple of 64, d_model a multiple of 8 and hidden 16-byte aligned;
+// in fp32 with 17 to 64 tokens where rank and heads * head_dim are multiples of 8 and the weights
+// 16-byte aligned (mla_takes). The binding runs the others on step 4. Notes:
+// kernels/12_weight_stream.md.
 
 #include <stdint.h>
 
@@ -397,7 +402,7 @@ constexpr int kBoxDepths = 64;                           // depths a box holds
 constexpr int kWeightBoxBytes = kBoxDepths * 128;        // 64 depths x 64 columns of bf16
 constexpr int kWarpgroup = 128;                          // a block is one warpgroup
 constexpr int kTileTokens = 64;                          // tokens a tile holds past kMaxTokens
-constexpr int kTiledMaxTokens = 256;
+constexpr int kTiledMaxTokens = 512;
 constexpr int kWideTileTokens = 128;                     // GEMM 2's token tile past 128 tokens
 template <int kN>
 constexpr int kRowsBoxBytes = kN * 128;                  // kN tokens x 64 depths of bf16
@@ -439,6 +444,17 @@ __device__ __forceinline__ void multiply_box(float (&d)[kN / 2], uint32_t weight
   }
 }
 
+// One thread sets up `count` mbarriers of one arrival each, 8 bytes apart, and fences them for the
+// copy engine; the block waits, so no copy completes on a barrier, and no thread waits at one,
+// before it is set up.
+__device__ __forceinline__ void init_barriers(uint32_t bars, int count) {
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < count; ++b) mla::barrier_init(bars + 8 * b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 // wgmma's accumulator layout: rows (output columns) warp * 16 + lane / 4 and + 8, columns (tokens)
 // 8 * i + 2 * (lane % 4) and + 1 in d[4 * i + 2 * half] and the next; use(column, token, first,
 // second) for each such pair of adjacent tokens.
@@ -477,11 +493,7 @@ __global__ void __launch_bounds__(kWarpgroup) up_on_wgmma(const __grid_constant_
   const int token0 = kN > kMaxTokens ? int(blockIdx.y) * kN : 0;  // up to kMaxTokens tokens are one tile
   const bool is_k = column0 < width;
   mla::launch_dependents();
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < boxes; ++b) mla::barrier_init(bars + 8 * b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();  // the barriers are initialized before a copy completes on them or anyone waits
+  init_barriers(bars, boxes);
   if (threadIdx.x == 0) {
     for (int b = 0; b < boxes; ++b) {
       mla::barrier_expect_bytes(bars + 8 * b, kWeightBoxBytes + kRowsBoxBytes<kN>);
@@ -517,6 +529,8 @@ __global__ void __launch_bounds__(kWarpgroup) up_on_wgmma(const __grid_constant_
 // a ring of kDownStages. The cluster's blocks add their sums through distributed shared memory,
 // each adding and storing every splits-th.
 constexpr int kDownStages = 4;
+constexpr int kWideSplits = 16;    // the largest cluster sm_90 allows, to a kernel that opts in
+constexpr int kLongPartBoxes = 8;  // 512 rows of d_model
 // The block's sums, a token's 64 latent columns a row: 4 words of padding put the tokens 2q and
 // 2q + 1 (q = lane % 4) that a store instruction's lanes write in different banks.
 constexpr int kSumsRowPitch = kTileColumns + 4;
@@ -549,11 +563,7 @@ __global__ void __launch_bounds__(kWarpgroup) down_on_wgmma(const __grid_constan
     mla::tma_load(weights + stage * kWeightBoxBytes, maps.weights, column0, (first_box + b) * kBoxDepths, bar);
     mla::tma_load(rows + stage * kRowsBoxBytes<kN>, maps.hidden, (first_box + b) * kBoxDepths, token0, bar);
   };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kDownStages; ++s) mla::barrier_init(bars + 8 * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_barriers(bars, kDownStages);
   if (threadIdx.x == 0) {
     for (int b = 0; b < min(boxes, kDownStages); ++b) fetch(b);
   }
@@ -589,6 +599,169 @@ __global__ void __launch_bounds__(kWarpgroup) down_on_wgmma(const __grid_constan
       total.x += sums.x, total.y += sums.y;
     }
     *reinterpret_cast<uint32_t*>(latent + int64_t(token) * rank + column) = mla::pack_bf16(total.x, total.y);
+  }
+  // No block may leave while another still reads its sums.
+  cluster.sync();
+}
+
+// ---- fp32 from 17 to 64 tokens: tiles on mma.sync, three TF32 passes -----------------------------
+// Past 16 tokens the FFMA kernel's sums (8 a token per thread) no longer fit, and each weight
+// feeds enough products that a tile pays: a block computes all tokens x kN columns, the tokens as
+// A (m16n8k8, 16 rows a warp), the weights as B, each split into TF32 hi and lo and multiplied as
+// lo*hi + hi*lo + hi*hi (fp32's accuracy). A ring of cp.async stages holds 32 depths of both: the
+// weights MN-major as they lie (mma.sync's B fragment is read lane by lane, so wgmma's K-major rule
+// does not apply and nothing is transposed), the tokens K-major. The depth is split over a cluster
+// of up to 8 blocks, whose sums are added through distributed shared memory as above.
+constexpr int kTf32Tokens = 64;  // a block holds every token of the call: past 64 step 10 is faster
+constexpr int kTf32Depths = 32;  // depths a stage holds: four mma k-steps
+constexpr int kTf32Stages = 4;
+constexpr int kTokensPitch = kTf32Depths + 4;  // 36 words: an A fragment's 8 tokens x 4 depths in 32 banks
+// A warp's tile: 16 tokens x kN / 2 columns; warps 0-3 and 4-7 take the block's two halves of the
+// columns. A lane reads 4 columns (16 bytes) of each 32-column run of its half, at 4 * (lane / 4):
+// mma j of run r computes the half's columns 32 r + 4 n + j (n = B's column, lane / 4 for b).
+template <int kN>
+struct Tf32Tile {
+  static_assert(kN == 64 || kN == 128, "a warp's half is one or two 32-column runs");
+  static constexpr int kRuns = kN / 64;  // 32-column runs in a warp's half
+  // 8 words past a multiple of 32: a quarter warp's 16-byte reads (4 rows, 2 lane groups) take
+  // all 32 banks once.
+  static constexpr int kWeightsPitch = kN + 8;
+  static constexpr int kStageFloats = kTf32Depths * kWeightsPitch + kTf32Tokens * kTokensPitch;
+  static constexpr int kSumsPitch = kN + 4;
+  static constexpr int kRingBytes = kTf32Stages * kStageFloats * 4;
+  static constexpr int kSharedBytes = std::max(kRingBytes, kTf32Tokens * kSumsPitch * 4);
+};
+
+// x as mma's two operands, x = hi + lo exactly. hi is x rounded to TF32 as cvt.rna rounds it
+// (half away from zero) in two integer instructions where cvt.rna takes four (its other two keep
+// an infinity or NaN whole; here either makes lo a NaN, as it does after cvt.rna too). lo is what
+// is left; the tensor cores truncate it to TF32, an error of 2^-21 of x at most and of either sign
+// (lo's), so no bias.
+struct Tf32Parts {
+  uint32_t hi, lo;
+};
+__device__ __forceinline__ Tf32Parts tf32_parts(float x) {
+  const uint32_t hi = (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u;
+  return {hi, __float_as_uint(x - __uint_as_float(hi))};
+}
+
+template <int kN>
+__global__ void __launch_bounds__(kThreads, 2) tiles_on_3xtf32(const Pass<float, float, float> p) {
+  using Tile = Tf32Tile<kN>;
+  extern __shared__ float4 shared_words[];
+  float* const ring = reinterpret_cast<float*>(shared_words);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), part = int(cluster.block_rank());
+  const int depth0 = part * p.part_depth, depth_end = min(p.depth, depth0 + p.part_depth);
+  const int chunks = int(mla::ceil_div(depth_end - depth0, kTf32Depths));  // at least 1: every part holds a stage
+  const int column0 = int(blockIdx.x) * kN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
+  const int token_group = warp % 4, half = warp / 4;
+  mla::launch_dependents();
+
+  // Chunk c of the part into stage c % kTf32Stages: 16-byte runs by cp.async, zeros past the
+  // depth, the columns and the tokens; the tokens' runs element by element where they are not 16
+  // bytes aligned (hidden with an odd d_model, say).
+  const auto stage_of = [&](int c) { return ring + (c % kTf32Stages) * Tile::kStageFloats; };
+  const auto stage_weights = [&](int c) {
+    float* const to = stage_of(c);
+    for (int run = threadIdx.x; run < kTf32Depths * kN / 4; run += kThreads) {
+      const int row = run / (kN / 4), column = column0 + 4 * (run % (kN / 4));
+      const int depth = depth0 + c * kTf32Depths + row;
+      float* const at = to + row * Tile::kWeightsPitch + 4 * (run % (kN / 4));
+      if (depth < depth_end && column < p.columns) {  // columns and the k|v split are multiples of 8
+        mla::copy_async_16(at, p.weights.at(depth, column));
+      } else {
+        mla::store_whole<mla::Space::kShared>(at, make_uint4(0, 0, 0, 0));
+      }
+    }
+  };
+  const bool whole_runs = p.row_pitch % 4 == 0 && mla::aligned16(p.rows);
+  const auto stage_tokens = [&](int c) {
+    float* const to = stage_of(c) + kTf32Depths * Tile::kWeightsPitch;
+    for (int run = threadIdx.x; run < kTf32Tokens * kTf32Depths / 4; run += kThreads) {
+      const int token = run / (kTf32Depths / 4), depth = depth0 + c * kTf32Depths + 4 * (run % (kTf32Depths / 4));
+      float* const at = to + token * kTokensPitch + 4 * (run % (kTf32Depths / 4));
+      const float* const from = p.rows + int64_t(token) * p.row_pitch + depth;
+      if (token < p.tokens && whole_runs && depth + 4 <= depth_end) {
+        mla::copy_async_16(at, from);
+      } else {
+        mla::copy_run_by_elements(at, [&](int q) {
+          return token < p.tokens && depth + q < depth_end ? from + q : static_cast<const float*>(nullptr);
+        });
+      }
+    }
+  };
+  // The weights of the first stages go before the wait: they do not depend on the kernel before.
+  // A stage's weights then sit in the same commit group as its tokens or an earlier one.
+  for (int c = 0; c < min(chunks, kTf32Stages - 1); ++c) stage_weights(c);
+  if (p.after_primary) mla::wait_for_previous_kernel();
+  for (int c = 0; c < kTf32Stages - 1; ++c) {
+    if (c < chunks) stage_tokens(c);
+    mla::commit_copies();
+  }
+
+  // The tensor cores round each running sum toward zero, a bias that grows with the chain: every
+  // chunk's sums (12 mma deep) are added into `total` with FADD, which rounds to nearest.
+  float total[Tile::kRuns * 4][4] = {};
+  for (int c = 0; c < chunks; ++c) {
+    mla::wait_for_copies(kTf32Stages - 2);
+    __syncthreads();  // chunk c is in; every warp is done with the stage chunk c - 1 used
+    if (c + kTf32Stages - 1 < chunks) {
+      stage_weights(c + kTf32Stages - 1);
+      stage_tokens(c + kTf32Stages - 1);
+    }
+    mla::commit_copies();
+
+    const float* const weights = stage_of(c) + half * (kN / 2) + 4 * group;
+    const float* const tokens =
+        stage_of(c) + kTf32Depths * Tile::kWeightsPitch + (16 * token_group + group) * kTokensPitch + quad;
+    float sums[Tile::kRuns * 4][4] = {};
+#pragma unroll
+    for (int k = 0; k < kTf32Depths; k += 8) {
+      const Tf32Parts a[4] = {tf32_parts(tokens[k]), tf32_parts(tokens[8 * kTokensPitch + k]),
+                              tf32_parts(tokens[k + 4]), tf32_parts(tokens[8 * kTokensPitch + k + 4])};
+      const uint32_t a_hi[4] = {a[0].hi, a[1].hi, a[2].hi, a[3].hi}, a_lo[4] = {a[0].lo, a[1].lo, a[2].lo, a[3].lo};
+#pragma unroll
+      for (int r = 0; r < Tile::kRuns; ++r) {
+        const float4 upper = *reinterpret_cast<const float4*>(weights + (k + quad) * Tile::kWeightsPitch + 32 * r);
+        const float4 lower = *reinterpret_cast<const float4*>(weights + (k + quad + 4) * Tile::kWeightsPitch + 32 * r);
+        const float b0[4] = {upper.x, upper.y, upper.z, upper.w}, b1[4] = {lower.x, lower.y, lower.z, lower.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const Tf32Parts first = tf32_parts(b0[j]), second = tf32_parts(b1[j]);
+          float(&d)[4] = sums[4 * r + j];
+          mla::mma_tf32(d, a_lo, first.hi, second.hi);  // the small terms first
+          mla::mma_tf32(d, a_hi, first.lo, second.lo);
+          mla::mma_tf32(d, a_hi, first.hi, second.hi);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < Tile::kRuns * 4; ++i) mla::add_into(total[i], sums[i]);
+  }
+  mla::wait_for_copies(0);
+  __syncthreads();  // the ring is free: the block's sums take its place
+
+  // C's rows are tokens `group` and group + 8 of the warp's 16, its columns 2 * quad and + 1 (n).
+  float* const block_sums = ring;  // [token][kSumsPitch]
+#pragma unroll
+  for (int i = 0; i < Tile::kRuns * 4; ++i) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int token = 16 * token_group + group + (c / 2) * 8;
+      const int column = half * (kN / 2) + 32 * (i / 4) + 4 * (2 * quad + c % 2) + i % 4;
+      block_sums[token * Tile::kSumsPitch + column] = total[i][c];
+    }
+  }
+  cluster.sync();
+  for (int i = part * kThreads + int(threadIdx.x); i < kTf32Tokens * kN; i += kThreads * splits) {
+    const int token = i / kN, column = column0 + i % kN;
+    if (token >= p.tokens || column >= p.columns) continue;
+    float sum = 0.0f;
+    const int at = token * Tile::kSumsPitch + i % kN;
+    for (int r = 0; r < splits; ++r) sum += cluster.map_shared_rank(block_sums, r)[at];
+    p.out[int64_t(token) * p.out_pitch + column] = sum;
   }
   // No block may leave while another still reads its sums.
   cluster.sync();
@@ -633,10 +806,22 @@ cudaError_t launch_token_tiles(const MlaProblem& p, cudaStream_t stream) {
   const int64_t tiles = mla::ceil_div(p.rank, kTileColumns) * mla::ceil_div(p.tokens, kTileTokens);
   const int depth_boxes = int(mla::ceil_div(p.d_model, kBoxDepths));
   const int64_t fill = std::max<int64_t>(1, mla::multiprocessor_count() / tiles);
-  const int part_boxes = int(mla::ceil_div(depth_boxes, std::min<int64_t>({kMaxSplits, fill, depth_boxes})));
+  // Where clusters of 8 would leave parts longer than kLongPartBoxes (V3's d_model: 112 boxes, 14
+  // a part), clusters of up to kWideSplits: twice the blocks stream half as far. Only where GEMM 2,
+  // which starts beside GEMM 1 as its programmatic dependent, is one wave: at V3's 512 GEMM 2
+  // blocks the wider split measured slower.
+  const int64_t up_tile = p.tokens > kWideTileTokens ? kWideTileTokens : kTileTokens;
+  const int64_t up_blocks = 2 * p.heads * p.head_dim / kTileColumns * mla::ceil_div(p.tokens, up_tile);
+  const bool wide =
+      mla::ceil_div(depth_boxes, kMaxSplits) > kLongPartBoxes && up_blocks <= mla::multiprocessor_count();
+  const int most_splits = wide ? kWideSplits : kMaxSplits;
+  const int part_boxes = int(mla::ceil_div(depth_boxes, std::min<int64_t>({most_splits, fill, depth_boxes})));
   const int splits = int(mla::ceil_div(depth_boxes, part_boxes));  // every part holds a box
   const int bytes = kDownSharedBytes<kTileTokens>;
   cudaError_t err = mla::allow_shared_memory(down_on_wgmma<kTileTokens>, size_t(bytes));
+  if (err == cudaSuccess && splits > kMaxSplits) {
+    err = cudaFuncSetAttribute(down_on_wgmma<kTileTokens>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
   if (err != cudaSuccess) return err;
   err = mla::launch(false, unsigned(splits), down_on_wgmma<kTileTokens>,
                     dim3(unsigned(mla::ceil_div(p.rank, kTileColumns)), unsigned(splits),
@@ -648,6 +833,37 @@ cudaError_t launch_token_tiles(const MlaProblem& p, cudaStream_t stream) {
   // twice the tokens, and its grid is one wave at 256 tokens where 64-token tiles made two.
   return p.tokens > kWideTileTokens ? launch_up_on_wgmma<kWideTileTokens>(p, latent, stream)
                                     : launch_up_on_wgmma<kTileTokens>(p, latent, stream);
+}
+
+// A pass on the TF32 tiles: its depth split over a cluster, in parts of whole stages, until the
+// blocks fill the GPU twice over (two an SM).
+template <int kN>
+cudaError_t launch_tf32_pass(Pass<float, float, float> pass, cudaStream_t stream) {
+  const int64_t tiles = mla::ceil_div(pass.columns, kN);
+  const int64_t stages = mla::ceil_div(pass.depth, kTf32Depths);
+  const int64_t fill = std::max<int64_t>(1, 2 * mla::multiprocessor_count() / tiles);
+  const int64_t part_stages = mla::ceil_div(stages, std::min<int64_t>({kMaxSplits, fill, stages}));
+  const int splits = int(mla::ceil_div(stages, part_stages));  // every part holds a stage
+  pass.part_depth = int(part_stages * kTf32Depths);
+  const int bytes = Tf32Tile<kN>::kSharedBytes;
+  const cudaError_t err = mla::allow_shared_memory(tiles_on_3xtf32<kN>, size_t(bytes));
+  if (err != cudaSuccess) return err;
+  return mla::launch(pass.after_primary, unsigned(splits), tiles_on_3xtf32<kN>,
+                     dim3(unsigned(tiles), unsigned(splits), 1), dim3(kThreads), size_t(bytes), stream, pass);
+}
+
+// fp32 from kMaxTokens + 1 to kTf32Tokens tokens, all of them in each block: GEMM 1 in
+// 64-column tiles (rank 512 makes 8), then GEMM 2 as its programmatic dependent in
+// 128-column tiles, each of which reads its tokens' latent once for twice the weights.
+cudaError_t launch_tf32_tiles(const MlaProblem& p, cudaStream_t stream) {
+  const mla::Problem<float> m = mla::Problem<float>::of(p);
+  float* latent = static_cast<float*>(p.workspace);
+  const Pass<float, float, float> down{m.hidden, p.d_model, m.down, latent, p.rank, int(p.tokens), int(p.d_model),
+                                       int(p.rank), 0, false};
+  const Pass<float, float, float> up{latent, p.rank, m.up, m.out, m.columns, int(p.tokens), int(p.rank), int(m.columns),
+                                     0, true};
+  const cudaError_t err = launch_tf32_pass<64>(down, stream);
+  return err != cudaSuccess ? err : launch_tf32_pass<128>(up, stream);
 }
 
 // A pass's split of its depth over a cluster: enough blocks to fill the GPU once, at most
@@ -695,9 +911,11 @@ bool fits(const MlaProblem& p) {
          pass_shared_bytes<T>(p.tokens, up_part) <= kSharedBudget;
 }
 
-// bf16 batches past kMaxTokens take both GEMMs on wgmma in token tiles: TMA reads hidden's rows
-// too, so they must be whole 16-byte runs.
+// Batches past kMaxTokens: fp32 up to kTf32Tokens on the TF32 tiles, whose copies take any
+// hidden; bf16 on wgmma in token tiles, where TMA reads hidden's rows too, so they must be whole
+// 16-byte runs.
 bool takes_token_tiles(const MlaProblem* p) {
+  if (p->dtype == MLA_FLOAT32) return p->tokens <= kTf32Tokens;
   return p->dtype == MLA_BFLOAT16 && p->tokens <= kTiledMaxTokens && up_takes_wgmma(*p) && p->d_model % 8 == 0 &&
          mla::aligned16(p->hidden);
 }
@@ -770,6 +988,7 @@ cudaError_t launch(const MlaProblem& p, cudaStream_t stream) {
     return launch_passes<T, float>(p, stream, stream_weights_ffma<T, T, float, 1>,  // one token
                                    stream_weights_ffma<T, float, T, 1>);
   } else {
+    if (p.tokens > kMaxTokens) return launch_tf32_tiles(p, stream);
     return with_compiled_tokens(p.tokens, [&](auto n) {
       return launch_passes<T, float>(p, stream, stream_weights_ffma<T, T, float, n()>,
                                      stream_weights_ffma<T, float, T, n()>);

@@ -23,13 +23,21 @@ from . import build, steps
 # against step 11's 20.0, and 15.1 at 16 tokens against 11.3.)
 DECODE_TOKENS = {torch.bfloat16: 32, torch.float32: 32}
 # Up to this many tokens, step 12 (the weights streamed into FFMA, or in bf16 into mma.sync and
-# wgmma) beats step 11. In the H100 sweep of sources ef11dd99e3ab, V2-Lite, µs: bf16 6.1 against
-# 9.6 at 1 token, 6.3 against 10.7 at 5, 6.4 against 11.3 at 16; fp32 10.0 against 17.3 at 1,
-# 12.3 against 18.0 at 5, 15.5 against 19.0 at 16. Past 16 tokens only bf16 takes it (both GEMMs on
-# wgmma in token tiles), ahead of step 6 up to its limit of 256: V2-Lite 64 / 128 / 256 tokens
-# 7.4 / 9.3 / 12.2 µs against 16.2 / 18.8 / 20.2, V3-TP8 64 12.4 against 20.8, V3 64 25.6 against
-# 30.1.
-WEIGHT_STREAM_TOKENS = {torch.bfloat16: 256, torch.float32: 16}
+# wgmma) beats step 11. In the H100 sweep of sources c9462df851e9, V2-Lite, µs: bf16 6.2 against
+# 9.7 at 1 token, 6.5 against 10.7 at 5, 6.6 against 11.4 at 16; fp32 10.2 against 17.5 at 1,
+# 12.4 against 18.0 at 5, 15.6 against 19.1 at 16. Past 16 bf16 tokens both GEMMs run on wgmma in
+# token tiles, ahead of step 6 up to their limit of 512: V2-Lite 64 / 128 / 256 / 512 tokens 7.4 /
+# 9.3 / 12.3 / 19.9 µs against 15.8 / 17.9 / 20.1 / 22.4, V3-TP8 64 11.7 against 20.4, V3 64 25.4
+# against 30.1; only V3-TP8 300 is behind, 25.8 against 24.4 (inside SLACK).
+WEIGHT_STREAM_TOKENS = {torch.bfloat16: 512, torch.float32: 16}
+# fp32 batches step 12 also takes as one 64-token tile on mma.sync (three TF32 passes, the weights
+# read as they lie), ahead of step 10, which transposes them on every call. The same sweep at 64
+# tokens, µs: V2-Lite 29.7 against 39.2, V3-TP8 51.4 against 68.7, V3 92.1 against 193.6. From 17
+# to 32 tokens step 11 keeps them: the tile computes 64 tokens whatever the count, so it is expected
+# near those 29.7 µs at V2-Lite, above step 11's 19.1 at 16 (the sweep has no point there). Given
+# weights prepared in its layout, step 10 beats the tile: at 64 tokens V2-Lite 25.3 against 29.7 µs,
+# V3-TP8 36.4 against 51.4, V3 84.3 against 92.1.
+FP32_TILE_TOKENS = range(33, 65)
 DECODE_OUTPUTS = {torch.bfloat16: 64 * 4096, torch.float32: None}
 # In fp32, step 10 (k split over blocks for few tokens) overtakes step 11 between 16 and 64 tokens,
 # with its weights prepared or not: in an H100 run of commit 666e626, prepared, 27.0 against 18.9 µs
@@ -56,18 +64,20 @@ def widest_step(rank: int) -> int:
 
 
 def rule(tokens: int, rank: int, width: int, dtype: torch.dtype, on_hopper: Callable[[], bool],
-         takes: Callable[[int], bool]) -> int:
+         takes: Callable[[int], bool], prepared: bool = False) -> int:
     """The step the rules pick, from the sizes (width: heads * head_dim), the dtype, whether the GPU
-    is a Hopper one, and `takes(n)`: whether step n's own kernel takes the inputs (asked of steps 8
-    and 12 only). `choose` asks the GPU and the kernels; tests/test_dispatch.py reads the answers
-    off a sweep."""
+    is a Hopper one, `takes(n)`: whether step n's own kernel takes the inputs (asked of steps 8 and
+    12 only), and whether the weights come prepared in step 10's layout. `choose` asks the GPU and
+    the kernels; tests/test_dispatch.py reads the answers off a sweep."""
     if rank > 512:
         return widest_step(rank)
     if not on_hopper():
         return 5 if dtype == torch.bfloat16 else 4
     if takes(8):
         return 8  # the toy's widths: every operand fits one block
-    if tokens <= WEIGHT_STREAM_TOKENS.get(dtype, 0) and takes(12):
+    fp32_tile = dtype == torch.float32 and tokens in FP32_TILE_TOKENS and not prepared
+    streamed = tokens <= WEIGHT_STREAM_TOKENS.get(dtype, 0) or fp32_tile
+    if streamed and takes(12):
         return 12
     outputs = DECODE_OUTPUTS.get(dtype)
     if tokens <= DECODE_TOKENS.get(dtype, 0) and (outputs is None or tokens * 2 * width <= outputs):
@@ -75,11 +85,13 @@ def rule(tokens: int, rank: int, width: int, dtype: torch.dtype, on_hopper: Call
     return 6 if dtype == torch.bfloat16 else 10
 
 
-def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor) -> int:
-    """The step number `project` runs for these inputs (on their GPU)."""
+def choose(hidden: torch.Tensor, w_down: torch.Tensor, w_up_k: torch.Tensor, w_up_v: torch.Tensor,
+           prepared: bool = False) -> int:
+    """The step number `project` runs for these inputs (on their GPU), given the weights prepared
+    or not."""
     tokens = hidden.numel() // hidden.shape[-1] if hidden.dim() else 0
     return rule(tokens, w_down.shape[-1], w_up_k.shape[-1], hidden.dtype, lambda: _on_hopper(hidden.device),
-                lambda number: _kernel(number).takes_fast_path(hidden, w_down, w_up_k, w_up_v))
+                lambda number: _kernel(number).takes_fast_path(hidden, w_down, w_up_k, w_up_v), prepared)
 
 
 def has_layout_to_prepare(w_down: torch.Tensor) -> bool:
@@ -108,7 +120,7 @@ def project(
     """The stacked (B, S, 2, H, hd) projection by the course's fastest step for these inputs; with
     `prepared` (what `prepare` returned for these weights) by the fastest given prepared weights."""
     build.require_gpu()
-    kernel = _kernel(choose(hidden, w_down, w_up_k, w_up_v))
+    kernel = _kernel(choose(hidden, w_down, w_up_k, w_up_v, prepared is not None))
     if prepared is not None and prepared.step != kernel.step:  # a step that reads the weights as they are
         prepared.check_made_for(prepared.step, w_down, w_up_k, w_up_v, heads)  # still: these very weights
         prepared = None

@@ -19,14 +19,16 @@ next sitting (bring that folder along to another machine); run the same command 
 
 `make gpu-check` runs validate, lane and results; `make gpu-validate`, `make gpu-lane` and `make
 gpu-results` one each, and `python -m mla_lab gpu-check --only STAGE ...` the stages named. Logs go
-to $MLA_LAB_LOGS (default build/gpu-check/), one file per stage. A round's stages that passed are not
-run again in a later sitting of the same round; its first stage replays the landed changes into
-that sitting's fresh working tree.
+to $MLA_LAB_LOGS (default build/gpu-check/), one file per stage. A round's stages that passed, and
+the results stages run with it, are not run again in a later sitting of the same round: its first
+stage replays the landed changes into that sitting's fresh working tree, and puts back what the
+results stages that passed wrote (kept in the round's folder, under outputs/).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -117,6 +119,8 @@ STAGE_SECONDS = {"doctor": 30, "check": 120, "gpu-tests": 180, "grade-solutions"
 # point later than this before the sitting ends. A sweep's record keeps each point's seconds.
 LONGEST_POINT_SECONDS = 100
 CUT_SHORT = 3  # bench's exit code when --stop-after ended it between points
+# What the results stages write into the working tree, which a GPU machine replaces at each sitting.
+OUTPUTS = ("README.md", "results", "notebooks")
 
 
 def run(parts: list[str], only: list[str] | None = None, sitting: float | None = None) -> int:
@@ -129,6 +133,7 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
     deadline = time.perf_counter() + sitting if sitting is not None else None
     rows = []
     sweep_cut_short = round_unpassed = notebooks_unrun = False
+    in_round = "round" in parts
 
     def report(part: str, name: str, status: str, seconds: float, last: str) -> None:
         rows.append((part, name, status, seconds, last))
@@ -150,7 +155,8 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
                 report(part, name, "waits", 0, "for the notebooks to run in this sitting: their outputs are older")
                 continue
             # The round's first stage replays its changes into this sitting's tree: it always runs.
-            passed = round_folder() / f"passed-{name}" if part == "round" and name != "round" else None
+            remembered = (part == "round" and name != "round") or (in_round and part == "results")
+            passed = round_folder() / f"passed-{name}" if remembered else None
             if passed is not None and passed.exists():
                 report(part, name, "done", 0, "passed in an earlier sitting of this round")
                 continue
@@ -163,7 +169,7 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
                     continue
                 if name == "bench":
                     command = [*command, "--stop-after", f"{left - LONGEST_POINT_SECONDS:.0f}"]
-            start = time.perf_counter()
+            start, started_at = time.perf_counter(), time.time()
             log = logs / f"{part}-{name}.log"
             with open(log, "w") as out:
                 try:
@@ -179,13 +185,38 @@ def run(parts: list[str], only: list[str] | None = None, sitting: float | None =
                 status = "ok" if code == 0 else ("timed out" if code == 124 else f"FAILED ({code})")
             if part == "round":
                 round_unpassed |= status != "ok"
-                if status == "ok" and passed is not None:
-                    passed.touch()
+            if status == "ok" and name == "round":
+                restore_outputs()
+            if status == "ok" and passed is not None:
+                if part == "results":
+                    keep_outputs(started_at - 1)  # file times lag the clock by up to a tick
+                passed.touch()
             report(part, name, status, seconds, lines[-1][:90] if lines else "")
     print(f"\n{'part':9} {'stage':17} {'status':11} {'time':>8}  last line of its log ({logs})")
     for part, name, status, seconds, last in rows:
         print(f"{part:9} {name:17} {status:11} {seconds:6.0f} s  {last}")
     return 0 if all(row[2] in ("ok", "done") for row in rows) else 1
+
+
+def keep_outputs(since: float) -> None:
+    """Copy what a results stage wrote into the working tree (the files under OUTPUTS changed since
+    `since`, a time.time()) into the round's folder, for the round's later sittings."""
+    for top in OUTPUTS:
+        for path in [REPO / top] if (REPO / top).is_file() else sorted((REPO / top).rglob("*")):
+            if path.is_file() and path.stat().st_mtime >= since:
+                kept = round_folder() / "outputs" / path.relative_to(REPO)
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, kept)
+
+
+def restore_outputs() -> None:
+    """Put back into the working tree what the round's earlier sittings' results stages wrote."""
+    kept = round_folder() / "outputs"
+    for path in sorted(kept.rglob("*")) if kept.exists() else []:
+        if path.is_file():
+            target = REPO / path.relative_to(kept)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
 
 
 def round_folder() -> Path:

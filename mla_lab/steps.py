@@ -200,17 +200,19 @@ STEPS = (
     Step(
         12,
         "weight_stream",
-        "for one to sixteen tokens (bf16: to 256): every SM streams its share of the weights straight into "
+        "for one to sixteen tokens (bf16: to 512): every SM streams its share of the weights straight into "
         "FFMAs (bf16 from two tokens into mma.sync, and GEMM 2 into wgmma with the weights as its A operand; "
-        "past sixteen bf16 tokens both GEMMs on wgmma in 64-token tiles, GEMM 2's 128 past 128 tokens), "
-        "GEMM 1 split over a cluster, GEMM 2 launched as a programmatic dependent",
+        "past sixteen bf16 tokens both GEMMs on wgmma in 64-token tiles, GEMM 2's 128 past 128 tokens; fp32 17 to 64 tokens as one "
+        "tile on the tensor cores, three TF32 passes a product), "
+        "GEMM 1 split along d_model, GEMM 2 launched as a programmatic dependent",
         max_rank=640,
         limit_reason="its fallback, step 4, takes rank <= 640",
         arch_flags=HOPPER_ARCH_FLAGS,
         fallback=4,
         fast_path="an sm_90 GPU, 1 to 16 tokens, rank and heads*head_dim multiples of 8, 16-byte aligned weights, "
-                  "and a token slice that fits one block's shared memory; or bf16 with 17 to 256 tokens, rank <= 512, "
-                  "heads*head_dim a multiple of 64, d_model a multiple of 8 and 16-byte aligned hidden states",
+                  "and a token slice that fits one block's shared memory; or bf16 with 17 to 512 tokens, rank <= 512, "
+                  "heads*head_dim a multiple of 64, d_model a multiple of 8 and 16-byte aligned hidden states; "
+                  "or fp32 with 17 to 64 tokens, rank and heads*head_dim multiples of 8 and 16-byte aligned weights",
     ),
 )
 

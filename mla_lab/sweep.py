@@ -319,7 +319,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
             contenders |= ways_to_call(step.label, kernel)
         else:
             skipped += [Result(step.label, shape_name, shape.tokens, dtype_name, mode, "skipped", why) for mode in modes]
-    chosen = dispatch.choose(*probe)
+    chosen = {dispatch.NAME: dispatch.choose(*probe), dispatch.PREPARED_NAME: dispatch.choose(*probe, prepared=True)}
     if dispatch.has_layout_to_prepare(probe.w_down):
         contenders[dispatch.PREPARED_NAME] = steps.Prepared(dispatch.project, dispatch.prepare)
     del probe
@@ -328,7 +328,7 @@ def _measure_point(shape_name, shape, dtype_name, dtype, chosen_steps, kernels, 
                             ceilings=ceilings, compiled=compiled, shape_name=shape_name)
     for r in results:
         if r.name in (dispatch.NAME, dispatch.PREPARED_NAME) and r.status == "ok":
-            r.note = f"ran {steps.get(chosen).label}"
+            r.note = f"ran {steps.get(chosen[r.name]).label}"
     return skipped + results
 
 

@@ -42,16 +42,28 @@ def test_the_sweep_timed_project_at_every_point():
 
 
 @pytest.mark.skipif(not SWEEP_PATHS, reason=f"no results/{dispatch.RULES_FROM}.json in this checkout")
-def test_the_dispatcher_given_prepared_weights_runs_the_fastest_step_where_its_sweep_timed_it():
-    """Where the sweep timed project with prepared weights (fp32 on Hopper), it is within SLACK of
-    the fastest fp32-accurate step there, prepared or not; the sweeps before `prepare` timed none."""
+def test_the_rules_given_prepared_weights_pick_the_fastest_step_where_preparing_applies():
+    """Where the sweep timed project with prepared weights (fp32 on Hopper), the step the rules
+    pick given prepared weights, timed as project would call it (prepared where that step has a
+    layout of its own), is within SLACK of the fastest fp32-accurate step there, prepared or not."""
     record = sweep.Sweep.load(SWEEP_PATHS[0])
+    on_hopper = record.meta["compute_capability"] == "9.0"
     slow = []
-    for _, result in sweep.dispatcher_ratios(record, name=dispatch.PREPARED_NAME):
-        best = sweep.best_step(record, result.shape, result.dtype, "graph", "fp32")
+    for _, timed in sweep.dispatcher_ratios(record, name=dispatch.PREPARED_NAME):
+        shape = sweep.SHAPES[timed.shape]
+
+        def takes(number):
+            return record.find(steps.get(number).label, timed.shape, timed.dtype).status == "ok"
+
+        picked = steps.get(dispatch.rule(shape.tokens, shape.rank, shape.heads * shape.head_dim,
+                                         sweep.DTYPES[timed.dtype], lambda: on_hopper, takes, prepared=True))
+        name = picked.label + (sweep.PREPARED_SUFFIX if picked.number == dispatch.PREPARED_STEP else "")
+        result = record.find(name, timed.shape, timed.dtype)
+        best = sweep.best_step(record, timed.shape, timed.dtype, "graph", "fp32")
+        assert result.status == "ok", f"{timed.shape}: the rules given prepared weights pick {name}, which ran its fallback"
         if result.median_us > dispatch.SLACK * best.median_us:
-            slow.append(f"{result.shape}: project prepared {result.median_us:.1f} µs, {best.name} {best.median_us:.1f}")
-    assert not slow, "mla_lab.project given prepared weights is slower than the fastest step at: " + "; ".join(slow)
+            slow.append(f"{timed.shape}: {name} {result.median_us:.1f} µs, {best.name} {best.median_us:.1f}")
+    assert not slow, "the rules given prepared weights pick a step slower than the fastest at: " + "; ".join(slow)
 
 
 def test_the_dispatcher_asks_for_a_gpu_in_one_line_without_one():

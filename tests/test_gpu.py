@@ -169,16 +169,16 @@ def _own_kernel_runs_exactly_where_it_takes_the_inputs(step, own, shapes) -> int
 
 
 def test_step12_runs_its_own_kernel_exactly_where_it_takes_the_inputs():
-    """kernels/12_weight_stream.cu's mla_takes (up to 16 tokens, in bf16 up to 256 where its wgmma
-    tiles fit; its sizes, its shared memory) is the one rule: where it says yes, step 12's own
-    launcher runs and is correct; where it says no, that launcher refuses (called straight, without
-    the fallback to step 4). Every token count it compiles for, on both sides of its limits, at real
-    widths and at odd ones."""
+    """kernels/12_weight_stream.cu's mla_takes (up to 16 tokens, in bf16 up to 512 where its wgmma
+    tiles fit, in fp32 up to 64 on its TF32 tile; its sizes, its shared memory) is the one rule:
+    where it says yes, step 12's own launcher runs and is correct; where it says no, that launcher
+    refuses (called straight, without the fallback to step 4). Every token count it compiles for, on
+    both sides of its limits, at real widths and at odd ones."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 12's own kernel needs an sm_90 GPU; elsewhere it runs step 4")
     step = steps.load(12)
     own = steps.Kernel(steps.get(4), step.source, step.library)
-    token_counts = (1, 2, 3, 5, 9, 16, 17, 64, 200, 256, 257)
+    token_counts = (1, 2, 3, 5, 9, 16, 17, 64, 65, 200, 256, 257, 300, 512, 513)
     shapes = [*check.SHAPE_MATRIX, *(check.V2_LITE.with_tokens(1, t) for t in token_counts),
               *(check.V3.with_tokens(1, t) for t in (1, 37, 64)),  # d_model 7,168; 512 GEMM 2 tiles, above the SMs
               Shape(1, 16, 7168, 512, 16, 128), Shape(2, 3, 40, 8, 1, 8), Shape(1, 12, 4000, 136, 5, 24),
@@ -348,10 +348,12 @@ def test_weights_prepared_once_are_correct_leave_the_workspace_and_replay_in_gra
         kernel(*static, shape.heads, prepared=prepared)
 
 
-@pytest.mark.parametrize("tokens, dtype", [(3, torch.float32), (300, torch.float32), (300, torch.bfloat16)])
+@pytest.mark.parametrize("tokens, dtype", [(3, torch.float32), (64, torch.float32), (300, torch.float32),
+                                           (300, torch.bfloat16)])
 def test_the_dispatcher_given_prepared_weights_is_correct(tokens, dtype):
     """mla_lab.prepare, then mla_lab.project(..., prepared=) at V2-Lite's widths: decode tokens run
-    step 12 (which reads the weights as they are), more run step 10 on the prepared layout in fp32;
+    step 12 (which reads the weights as they are), more run step 10 on the prepared layout in fp32
+    (from 33 tokens, where step 12 would otherwise take fp32 as one tile);
     in bf16 no step project runs has a layout of its own, so there is nothing to prepare."""
     shape = Shape(1, tokens, 2048, 512, 16, 128)
     inputs = make_inputs(shape, dtype, "cuda")
@@ -360,6 +362,7 @@ def test_the_dispatcher_given_prepared_weights_is_correct(tokens, dtype):
     assert (prepared is not None) == (dtype == torch.float32 and on_hopper)
     if prepared is not None:
         assert prepared.step.number == dispatch.PREPARED_STEP and prepared.nbytes > 0
+        assert (dispatch.choose(*inputs[:4], prepared=True) == dispatch.PREPARED_STEP) == (tokens > 32)
     assert check.check(steps.Prepared(dispatch.project, dispatch.prepare), shape, dtype, "cuda", trials=2).ok
 
 

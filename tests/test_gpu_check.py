@@ -105,3 +105,48 @@ def test_nbval_waits_for_notebooks_that_had_no_time_in_the_sitting(monkeypatch, 
     out = capsys.readouterr().out
     assert "for the notebooks to run in this sitting" in out
     assert not (tmp_path / "results-nbval.log").exists()
+
+
+def writes(path: str, text: str) -> list[str]:
+    """A stage's command that writes TEXT into PATH under its working directory."""
+    return [sys.executable, "-c", f"import pathlib; p = pathlib.Path({path!r}); p.parent.mkdir(exist_ok=True); "
+                                  f"p.write_text({text!r})"]
+
+
+def test_a_later_sitting_of_a_round_puts_back_what_its_passed_results_stages_wrote(monkeypatch, tmp_path, capsys):
+    """A GPU machine's working tree is a fresh copy of the checkout at each sitting: the sweep and the
+    notebooks that passed in one sitting are neither run again in the next nor lost."""
+    tree, folder = tmp_path / "tree", tmp_path / "round"
+    tree.mkdir()
+    folder.mkdir()
+    (tree / "README.md").write_text("the checkout's table")
+    monkeypatch.setattr(gpu_check, "REPO", tree)
+    monkeypatch.setattr(gpu_check, "round_folder", lambda: folder)
+    monkeypatch.setattr(gpu_check, "PARTS", {
+        "round": lambda: [("round", stand_in(0, "replayed"), {})],
+        "results": [("bench", writes("results/gpu.json", "swept"), {}),
+                    ("notebooks", writes("notebooks/08.ipynb", "executed"), {}),
+                    ("nbval", stand_in(1, "1 failed"), {})]})
+    assert gpu_check.run(["round", "results"]) == 1
+    (tree / "results" / "gpu.json").unlink()  # the next sitting's fresh copy of the checkout
+    (tree / "notebooks" / "08.ipynb").unlink()
+    (tmp_path / "results-nbval.log").unlink()
+    capsys.readouterr()
+    assert gpu_check.run(["round", "results"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("passed in an earlier sitting of this round") == 4  # bench and notebooks, run and table
+    assert (tree / "results" / "gpu.json").read_text() == "swept"
+    assert (tree / "notebooks" / "08.ipynb").read_text() == "executed"
+    assert (tree / "README.md").read_text() == "the checkout's table"  # written by no stage: not kept
+    assert (tmp_path / "results-nbval.log").exists()  # what failed runs again
+    assert not (folder / "passed-nbval").exists()
+
+
+def test_results_stages_outside_a_round_run_at_every_sitting(monkeypatch, tmp_path):
+    folder = tmp_path / "round"
+    folder.mkdir()
+    monkeypatch.setattr(gpu_check, "REPO", tmp_path)
+    monkeypatch.setattr(gpu_check, "round_folder", lambda: folder)
+    monkeypatch.setattr(gpu_check, "PARTS", {"results": [("bench", stand_in(0), {})]})
+    assert gpu_check.run(["results"]) == 0
+    assert not list(folder.iterdir())
