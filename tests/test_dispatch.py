@@ -11,21 +11,31 @@ from mla_lab import dispatch, steps, sweep
 SWEEP_PATHS = sorted(sweep.RESULTS_DIR.glob(f"{dispatch.RULES_FROM}.json"))
 
 
+def picked_row(record: sweep.Sweep, point: str, dtype_name: str, prepared: bool = False) -> sweep.Result:
+    """The sweep's row for the step the rules pick at one point, asked with whether a step's own
+    kernel takes the inputs read off that step's row there ("ok", not "skipped"); given prepared
+    weights, the row of that step called with them where it has a layout of its own."""
+    shape, on_hopper = sweep.SHAPES[point], record.meta["compute_capability"] == "9.0"
+
+    def takes(number):
+        return record.find(steps.get(number).label, point, dtype_name).status == "ok"
+
+    picked = steps.get(dispatch.rule(shape.tokens, shape.rank, shape.heads * shape.head_dim, sweep.DTYPES[dtype_name],
+                                     lambda: on_hopper, takes, prepared))
+    with_layout = prepared and picked.number == dispatch.PREPARED_STEP
+    return record.find(picked.label + (sweep.PREPARED_SUFFIX if with_layout else ""), point, dtype_name)
+
+
 @pytest.mark.skipif(not SWEEP_PATHS, reason=f"no results/{dispatch.RULES_FROM}.json in this checkout")
 def test_the_rules_pick_the_fastest_step_at_every_point_of_their_sweep():
     """The rules as written now (dispatch.rule), asked at every point of the sweep, with whether a
     step's own kernel takes the inputs read off that step's row there ("ok", not "skipped"): the
     step they pick is within SLACK of the fastest course step called the same way."""
     record = sweep.Sweep.load(SWEEP_PATHS[0])
-    on_hopper = record.meta["compute_capability"] == "9.0"
     slow = []
-    for name, shape in sweep.SHAPES.items():
-        for dtype_name, dtype in sweep.DTYPES.items():
-            def takes(number, name=name, dtype_name=dtype_name):
-                return record.find(steps.get(number).label, name, dtype_name).status == "ok"
-
-            picked = dispatch.rule(shape.tokens, shape.rank, shape.heads * shape.head_dim, dtype, lambda: on_hopper, takes)
-            result = record.find(steps.get(picked).label, name, dtype_name)
+    for name in sweep.SHAPES:
+        for dtype_name in sweep.DTYPES:
+            result = picked_row(record, name, dtype_name)
             best = sweep.best_step(record, name, dtype_name, "graph", "fp32" if dtype_name == "fp32" else None,
                                    prepared=False)
             assert result.status == "ok", f"{name} {dtype_name}: the rules pick {result.name}, which ran its fallback"
@@ -47,18 +57,10 @@ def test_the_rules_given_prepared_weights_pick_the_fastest_step_where_preparing_
     pick given prepared weights, timed as project would call it (prepared where that step has a
     layout of its own), is within SLACK of the fastest fp32-accurate step there, prepared or not."""
     record = sweep.Sweep.load(SWEEP_PATHS[0])
-    on_hopper = record.meta["compute_capability"] == "9.0"
     slow = []
     for _, timed in sweep.dispatcher_ratios(record, name=dispatch.PREPARED_NAME):
-        shape = sweep.SHAPES[timed.shape]
-
-        def takes(number):
-            return record.find(steps.get(number).label, timed.shape, timed.dtype).status == "ok"
-
-        picked = steps.get(dispatch.rule(shape.tokens, shape.rank, shape.heads * shape.head_dim,
-                                         sweep.DTYPES[timed.dtype], lambda: on_hopper, takes, prepared=True))
-        name = picked.label + (sweep.PREPARED_SUFFIX if picked.number == dispatch.PREPARED_STEP else "")
-        result = record.find(name, timed.shape, timed.dtype)
+        result = picked_row(record, timed.shape, timed.dtype, prepared=True)
+        name = result.name
         best = sweep.best_step(record, timed.shape, timed.dtype, "graph", "fp32")
         assert result.status == "ok", f"{timed.shape}: the rules given prepared weights pick {name}, which ran its fallback"
         if result.median_us > dispatch.SLACK * best.median_us:
